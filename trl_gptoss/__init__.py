@@ -1,0 +1,9 @@
+"""trl-gptoss: agentic RL training of GPT-OSS on the Hugging Face stack.
+
+Importing the package registers ``attn_implementation="fa3_sink"`` with transformers.
+"""
+
+FA3_SINK = "fa3_sink"
+
+__version__ = "0.1.0"
+__all__ = ["FA3_SINK", "__version__"]
