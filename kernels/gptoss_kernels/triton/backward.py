@@ -1,0 +1,125 @@
+"""Backward Triton kernels (FlashAttention-2 split): one pass for dQ, one key-major pass for dK and dV.
+
+Both recompute the probabilities from the saved sink-inclusive ``lse`` instead of storing them::
+
+    P = exp(S - lse)            (S = scale * Q K^T; the sink column is already inside lse)
+    dV = P^T dO     dP = dO V^T     dS = P * (dP - D)     dQ = scale * dS K     dK = scale * dS^T Q
+
+with ``D = rowsum(dO * O)`` from the preprocess kernel. The sink adds no term to dQ/dK/dV beyond living in
+``lse`` and ``D``. dK/dV of a kv head sum over the ``GROUP`` query heads that share it (GQA), inside one
+program, so no atomics are needed. Scores are base-2 as in the forward: ``exp2(s2 - lse*log2(e))``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from gptoss_kernels.triton.common import LOG2E, _allowed, _allowed_t, _dot, _key_range, _query_range
+
+
+@triton.jit
+def _sink_attention_bwd_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ, CU_SEQLENS,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+    stride_dqt, stride_dqh, stride_lt, scale, window,
+    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, F32_DOT: tl.constexpr,
+):
+    """Grid ``(n_seqs * Hq, cdiv(max_seqlen, BLOCK_M))``; DQ ``[total, Hq, D]`` in q's dtype."""
+    i_nh = tl.program_id(0)
+    i_n, i_h = i_nh // NUM_HEADS, i_nh % NUM_HEADS
+    i_kh = i_h // GROUP
+    start_m = tl.program_id(1) * BLOCK_M
+    bos = tl.load(CU_SEQLENS + i_n).to(tl.int64)
+    seq_len = (tl.load(CU_SEQLENS + i_n + 1) - tl.load(CU_SEQLENS + i_n)).to(tl.int32)
+    if start_m >= seq_len:
+        return
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < seq_len
+    q = tl.load(Q + (bos + offs_m)[:, None] * stride_qt + i_h * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + (bos + offs_m)[:, None] * stride_dot + i_h * stride_doh + offs_d[None, :],
+                 mask=row_ok[:, None], other=0.0)
+    lse2 = tl.load(LSE + (bos + offs_m) * stride_lt + i_h, mask=row_ok, other=0.0) * LOG2E
+    delta = tl.load(DELTA + (bos + offs_m) * stride_lt + i_h, mask=row_ok, other=0.0)
+    qk_scale = scale * LOG2E
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+    lo, hi = _key_range(start_m, seq_len, window, BLOCK_M, BLOCK_N, HAS_WINDOW)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        col_ok = offs_n < seq_len
+        k = tl.load(K + (bos + offs_n)[:, None] * stride_kt + i_kh * stride_kh + offs_d[None, :],
+                    mask=col_ok[:, None], other=0.0)
+        v = tl.load(V + (bos + offs_n)[:, None] * stride_vt + i_kh * stride_vh + offs_d[None, :],
+                    mask=col_ok[:, None], other=0.0)
+        s2 = _dot(q, tl.trans(k), F32_DOT) * qk_scale
+        p = tl.math.exp2(s2 - lse2[:, None])
+        p = tl.where(_allowed(offs_m, offs_n, seq_len, window, HAS_WINDOW), p, 0.0)
+        dp = _dot(do, tl.trans(v), F32_DOT)
+        ds = p * (dp - delta[:, None])
+        dq += _dot(ds.to(k.dtype), k, F32_DOT)
+
+    tl.store(DQ + (bos + offs_m)[:, None] * stride_dqt + i_h * stride_dqh + offs_d[None, :],
+             (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _sink_attention_bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, CU_SEQLENS,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+    stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lt, scale, window,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, F32_DOT: tl.constexpr,
+):
+    """Grid ``(n_seqs * Hkv, cdiv(max_seqlen, BLOCK_N))``; DK/DV ``[total, Hkv, D]`` in k's dtype.
+
+    Key-major: the program owns one key tile, walks the query tiles that can see it (causal/window band
+    only) for each of the GROUP query heads, accumulating dK and dV ``[BLOCK_N, D]`` in fp32.
+    """
+    i_nkh = tl.program_id(0)
+    i_n, i_kh = i_nkh // NUM_KV_HEADS, i_nkh % NUM_KV_HEADS
+    start_n = tl.program_id(1) * BLOCK_N
+    bos = tl.load(CU_SEQLENS + i_n).to(tl.int64)
+    seq_len = (tl.load(CU_SEQLENS + i_n + 1) - tl.load(CU_SEQLENS + i_n)).to(tl.int32)
+    if start_n >= seq_len:
+        return
+
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    col_ok = offs_n < seq_len
+    k = tl.load(K + (bos + offs_n)[:, None] * stride_kt + i_kh * stride_kh + offs_d[None, :],
+                mask=col_ok[:, None], other=0.0)
+    v = tl.load(V + (bos + offs_n)[:, None] * stride_vt + i_kh * stride_vh + offs_d[None, :],
+                mask=col_ok[:, None], other=0.0)
+    qk_scale = scale * LOG2E
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+
+    lo, hi = _query_range(start_n, seq_len, window, BLOCK_M, BLOCK_N, HAS_WINDOW)
+    for g in range(GROUP):
+        i_h = i_kh * GROUP + g
+        for start_m in range(lo, hi, BLOCK_M):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            row_ok = offs_m < seq_len
+            q = tl.load(Q + (bos + offs_m)[:, None] * stride_qt + i_h * stride_qh + offs_d[None, :],
+                        mask=row_ok[:, None], other=0.0)
+            do = tl.load(DO + (bos + offs_m)[:, None] * stride_dot + i_h * stride_doh + offs_d[None, :],
+                         mask=row_ok[:, None], other=0.0)
+            lse2 = tl.load(LSE + (bos + offs_m) * stride_lt + i_h, mask=row_ok, other=0.0) * LOG2E
+            delta = tl.load(DELTA + (bos + offs_m) * stride_lt + i_h, mask=row_ok, other=0.0)
+            s2_t = _dot(k, tl.trans(q), F32_DOT) * qk_scale  # [BLOCK_N, BLOCK_M]
+            p_t = tl.math.exp2(s2_t - lse2[None, :])
+            p_t = tl.where(_allowed_t(offs_n, offs_m, seq_len, window, HAS_WINDOW), p_t, 0.0)
+            dv += _dot(p_t.to(do.dtype), do, F32_DOT)
+            dp_t = _dot(v, tl.trans(do), F32_DOT)
+            ds_t = p_t * (dp_t - delta[None, :])
+            dk += _dot(ds_t.to(q.dtype), q, F32_DOT)
+
+    tl.store(DK + (bos + offs_n)[:, None] * stride_dkt + i_kh * stride_dkh + offs_d[None, :],
+             (dk * scale).to(DK.dtype.element_ty), mask=col_ok[:, None])
+    tl.store(DV + (bos + offs_n)[:, None] * stride_dvt + i_kh * stride_dvh + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=col_ok[:, None])

@@ -1,0 +1,75 @@
+"""Triton helpers shared by the forward and backward sink-attention kernels.
+
+Index conventions (all kernels): positions are relative to the start of one packed document, so query row
+``i`` may attend to key ``j`` iff ``j <= i`` (causal) and, with a window ``W``, ``j > i - W`` (the last W
+keys including self, the GPT-OSS convention). Scores live in the base-2 domain, ``s2 = scale*log2(e)*q.k``,
+so the softmax uses ``exp2``; log-sum-exps are converted back to natural log only at the boundary.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _dot(a, b, F32_DOT: tl.constexpr):
+    """``a @ b`` with an fp32 accumulator.
+
+    ``F32_DOT`` upcasts both operands and asks for IEEE fp32 products: used for fp32 inputs (so the GPU does
+    not silently fall back to TF32) and under the CPU interpreter, whose bf16 ``tl.dot`` reads the raw bits
+    as integers. A bf16/fp16 product is exact in fp32, so the upcast reproduces tensor-core math up to
+    summation order.
+    """
+    if F32_DOT:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _allowed(offs_m, offs_n, seq_len, window, HAS_WINDOW: tl.constexpr):
+    """Boolean ``[BLOCK_M, BLOCK_N]`` tile: query ``offs_m`` may see key ``offs_n`` inside one document."""
+    keep = (offs_n[None, :] <= offs_m[:, None]) & (offs_m[:, None] < seq_len)
+    if HAS_WINDOW:
+        keep = keep & (offs_n[None, :] > offs_m[:, None] - window)
+    return keep
+
+
+@triton.jit
+def _key_range(start_m, seq_len, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               HAS_WINDOW: tl.constexpr):
+    """Keys ``[lo, hi)`` that the query block ``[start_m, start_m + BLOCK_M)`` can see; ``lo`` is aligned.
+
+    Loop bounds, not masks, skip the tiles outside the causal/window band.
+    """
+    hi = tl.minimum(start_m + BLOCK_M, seq_len)
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(start_m - window + 1, 0) // BLOCK_N * BLOCK_N
+    return lo, hi
+
+
+@triton.jit
+def _query_range(start_n, seq_len, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 HAS_WINDOW: tl.constexpr):
+    """Query range ``[lo, hi)`` that can see a key block ``[start_n, start_n + BLOCK_N)``; ``lo`` is aligned.
+
+    Key ``j`` is seen by queries ``j .. j + W - 1``: the last key reaches ``start_n + BLOCK_N + W - 2``.
+    """
+    lo = start_n // BLOCK_M * BLOCK_M
+    hi = seq_len
+    if HAS_WINDOW:
+        hi = tl.minimum(start_n + BLOCK_N + window - 1, seq_len)
+    return lo, hi
+
+
+@triton.jit
+def _allowed_t(offs_n, offs_m, seq_len, window, HAS_WINDOW: tl.constexpr):
+    """Transposed ``_allowed``: a ``[BLOCK_N, BLOCK_M]`` tile for the key-major dK/dV kernel."""
+    keep = (offs_n[:, None] <= offs_m[None, :]) & (offs_m[None, :] < seq_len)
+    if HAS_WINDOW:
+        keep = keep & (offs_n[:, None] > offs_m[None, :] - window)
+    return keep

@@ -1,0 +1,76 @@
+"""Forward Triton kernel: FlashAttention-2 tiling with the online softmax started from the sink.
+
+For one (document, query head, query block) program, with base-2 scores ``s2_ij = scale*log2(e)*q_i.k_j``
+and ``sink2 = sinks[h]*log2(e)``::
+
+    m_i <- sink2, l_i <- 1, acc_i <- 0                    # the sink is the first "key": exp2(sink2 - m) = 1
+    for each key tile in the causal/window band:
+        m_new = max(m_i, rowmax(s2));  a = exp2(m_i - m_new);  p = exp2(s2 - m_new)
+        l_i = a*l_i + rowsum(p);       acc_i = a*acc_i + p @ V;  m_i = m_new
+    o_i = acc_i / l_i;   lse_i = ln2 * (m_i + log2 l_i)   # natural log, sink included
+
+Because m starts finite, masked scores (-inf) give exp2(-inf) = 0, never NaN, and a row that sees no key
+ends with lse = sink, o = 0 exactly.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from gptoss_kernels.triton.common import LN2, LOG2E, _allowed, _dot, _key_range
+
+
+@triton.jit
+def _sink_attention_fwd_kernel(
+    Q, K, V, SINKS, OUT, LSE, CU_SEQLENS,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_lt, scale, window,
+    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, F32_DOT: tl.constexpr,
+):
+    """Grid ``(n_seqs * Hq, cdiv(max_seqlen, BLOCK_M))``. Q/OUT ``[total, Hq, D]``, K/V ``[total, Hkv, D]``,
+    LSE ``[total, Hq]`` fp32, SINKS ``[Hq]`` fp32, CU_SEQLENS int32 ``[n_seqs + 1]``."""
+    i_nh = tl.program_id(0)
+    i_n, i_h = i_nh // NUM_HEADS, i_nh % NUM_HEADS
+    i_kh = i_h // GROUP
+    start_m = tl.program_id(1) * BLOCK_M
+    bos = tl.load(CU_SEQLENS + i_n).to(tl.int64)
+    seq_len = (tl.load(CU_SEQLENS + i_n + 1) - tl.load(CU_SEQLENS + i_n)).to(tl.int32)
+    if start_m >= seq_len:
+        return
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < seq_len
+    q = tl.load(Q + (bos + offs_m)[:, None] * stride_qt + i_h * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    qk_scale = scale * LOG2E
+
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(SINKS + i_h) * LOG2E
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+    lo, hi = _key_range(start_m, seq_len, window, BLOCK_M, BLOCK_N, HAS_WINDOW)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        col_ok = offs_n < seq_len
+        k_t = tl.load(K + (bos + offs_n)[None, :] * stride_kt + i_kh * stride_kh + offs_d[:, None],
+                      mask=col_ok[None, :], other=0.0)  # [D, BLOCK_N]
+        v = tl.load(V + (bos + offs_n)[:, None] * stride_vt + i_kh * stride_vh + offs_d[None, :],
+                    mask=col_ok[:, None], other=0.0)  # [BLOCK_N, D]
+        s = _dot(q, k_t, F32_DOT) * qk_scale
+        s = tl.where(_allowed(offs_m, offs_n, seq_len, window, HAS_WINDOW), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # p is rounded to V's dtype before the product, as every FlashAttention kernel does.
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32_DOT)
+        m_i = m_new
+
+    o = acc / l_i[:, None]
+    lse = (m_i + tl.math.log2(l_i)) * LN2
+    tl.store(OUT + (bos + offs_m)[:, None] * stride_ot + i_h * stride_oh + offs_d[None, :],
+             o.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(LSE + (bos + offs_m) * stride_lt + i_h, lse, mask=row_ok)

@@ -1,0 +1,68 @@
+"""``torch.autograd.Function`` and the public entry point of the Triton sink-attention kernels."""
+
+from __future__ import annotations
+
+import torch
+
+from gptoss_kernels.triton.launchers import (
+    _check_block,
+    check_triton_inputs,
+    default_block_sizes,
+    sink_attention_bwd,
+    sink_attention_fwd,
+)
+
+
+class SinkAttentionTritonFunction(torch.autograd.Function):
+    """Saves the inputs, ``o`` and the sink-inclusive ``lse``; the backward recomputes probabilities."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_m, block_n):
+        o, lse = sink_attention_fwd(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_m, block_n)
+        ctx.save_for_backward(q, k, v, sinks, o, lse, cu_seqlens)
+        ctx.launch_args = (max_seqlen, window, scale, block_m, block_n)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, sinks, o, lse, cu_seqlens = ctx.saved_tensors
+        max_seqlen, window, scale, block_m, block_n = ctx.launch_args
+        dq, dk, dv, dsinks = sink_attention_bwd(
+            q, k, v, sinks, o, lse, do.contiguous(), cu_seqlens, max_seqlen, window, scale, block_m, block_n)
+        return dq, dk, dv, dsinks, None, None, None, None, None, None
+
+
+def sink_attention_triton(q, k, v, sinks, *, cu_seqlens, max_seqlen, window=None, scale=None,
+                          block_sizes=None):
+    """Causal attention with one learnable sink logit per query head (Triton, FlashAttention-2 tiling).
+
+    For query row i of head h in a document, with allowed keys j (``j <= i``; with ``window=W`` also
+    ``j > i - W``, the last W tokens including self)::
+
+        S_ij = scale * q_i . k_j
+        lse_i = log(exp(sinks[h]) + sum_j exp(S_ij))        # the sink joins the denominator only
+        o_i = sum_j exp(S_ij - lse_i) * v_j
+
+    Args:
+        q: ``[total, Hq, D]`` packed tokens of all documents; float16/bfloat16/float32 (fp32 accumulation).
+        k, v: ``[total, Hkv, D]`` with ``Hq % Hkv == 0`` (GQA); D a power of two in [16, 128].
+        sinks: ``[Hq]`` any float dtype; its gradient ``-sum_i exp(sinks[h] - lse_i) * rowsum(dO_i * o_i)``
+            comes back in sinks' dtype.
+        cu_seqlens: int32 ``[n_seqs + 1]`` document boundaries (empty documents allowed); documents never
+            attend to each other.
+        max_seqlen: int, at least the longest document.
+        window: None (full causal) or a positive int.
+        scale: score scale, default ``D ** -0.5``. The sink logit is not scaled.
+        block_sizes: optional ``(BLOCK_M, BLOCK_N)`` powers of two >= 16; default picked from the device.
+
+    Returns:
+        ``o``: ``[total, Hq, D]`` in q's dtype. Differentiable in q, k, v and sinks.
+    """
+    check_triton_inputs(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale)
+    block_m, block_n = block_sizes if block_sizes is not None else default_block_sizes(q.device, q.shape[-1])
+    _check_block("BLOCK_M", block_m)
+    _check_block("BLOCK_N", block_n)
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    return SinkAttentionTritonFunction.apply(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale,
+                                             block_m, block_n)
