@@ -1,0 +1,32 @@
+"""Sink-aware Ulysses context parallelism for GPT-OSS on accelerate (DDP / FSDP2).
+
+    plugin = ContextParallelPlugin.from_env()          # or ContextParallelPlugin(sp_size=4)
+    runner = prepare_context_parallel(accelerator, model, plugin)
+    result = runner.forward_backward(input_ids, attention_mask, loss_fn)
+"""
+
+from trl_gptoss.parallel.attention import register_ulysses_attention, sharded_forward, ulysses_attention_forward
+from trl_gptoss.parallel.batching import PackedRows, pack_rows, token_log_probs, unpack_token_values
+from trl_gptoss.parallel.comm import gather_sequence, heads_to_seq, seq_to_heads
+from trl_gptoss.parallel.config import ContextParallelPlugin
+from trl_gptoss.parallel.engine import ContextParallelRunner, StepResult, prepare_context_parallel
+from trl_gptoss.parallel.groups import SequenceParallelGroup, build_sequence_parallel_group
+
+__all__ = [
+    "ContextParallelPlugin",
+    "ContextParallelRunner",
+    "PackedRows",
+    "SequenceParallelGroup",
+    "StepResult",
+    "build_sequence_parallel_group",
+    "gather_sequence",
+    "heads_to_seq",
+    "pack_rows",
+    "prepare_context_parallel",
+    "register_ulysses_attention",
+    "seq_to_heads",
+    "sharded_forward",
+    "token_log_probs",
+    "ulysses_attention_forward",
+    "unpack_token_values",
+]

@@ -1,0 +1,145 @@
+"""The owner loop ("SP over DP") and ``prepare_context_parallel``.
+
+accelerate keeps seeing plain DDP/FSDP2 over all ranks: every rank loads, generates and scores its own
+micro-batch and computes its own loss. Inside an SP group of n ranks, the group runs each member's
+micro-batch in turn (owner j at sub-step j), sharded along the sequence; per-token log-probs are gathered to
+the owner, whose loss is unchanged; the others add ``0 * gathered.sum()`` so the collectives in backward
+stay symmetric. Each rank's parameter gradient is then its shard's share of every owner's loss, and the
+all-reduce over the world that DDP/FSDP2 does after the last sub-step gives
+``(1/world) * sum_ranks dL_rank/dtheta`` -- exactly the unsharded data-parallel gradient (sinks included:
+rank r's share only touches ``sinks[r*Hq/n:(r+1)*Hq/n]``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from trl_gptoss.parallel.attention import register_ulysses_attention, sharded_forward
+from trl_gptoss.parallel.batching import (
+    IGNORE_INDEX,
+    pack_rows,
+    pad_to_multiple,
+    shard,
+    token_log_probs,
+    unpack_token_values,
+)
+from trl_gptoss.parallel.comm import gather_lengths, gather_sequence, gather_sequence_no_grad
+from trl_gptoss.parallel.config import ContextParallelPlugin
+from trl_gptoss.parallel.groups import SequenceParallelGroup, build_sequence_parallel_group
+
+LossFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class StepResult:
+    """This rank's own loss and per-token log-probs ``[B, L]`` (detached; entry ``[b, t]`` = log p(token t))."""
+
+    loss: torch.Tensor
+    token_logps: torch.Tensor
+
+
+class ContextParallelRunner:
+    """Runs forward + backward of each SP-group member's micro-batch, sharded over the group."""
+
+    def __init__(self, model, sp: SequenceParallelGroup, accelerator=None):
+        self.model, self.sp, self.accelerator = model, sp, accelerator
+
+    def local_logits(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Forward of this rank's shard ``[T/n]`` of one packed row -> logits ``[T/n, V]``."""
+        with sharded_forward(self.sp):
+            out = self.model(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)
+        return out.logits[0]
+
+    def forward_backward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, loss_fn: LossFn,
+                         *, sync_gradients: bool = True) -> StepResult:
+        """One micro-batch step. ``input_ids, attention_mask: [B, L]`` (this rank's own batch);
+        ``loss_fn(token_logps [B, L]) -> scalar`` is called once, on this rank, with differentiable log-probs.
+        Gradients are synchronised after the last sub-step when ``sync_gradients`` (False to accumulate)."""
+        packed = pack_rows(input_ids, attention_mask)
+        lengths = gather_lengths(len(packed), self.sp)
+        if min(lengths) < self.sp.size:
+            raise ValueError(f"packed lengths {lengths} of the SP group: every micro-batch needs at least "
+                             f"sp_size={self.sp.size} tokens")
+        members = self._gather_members(packed, lengths)
+        result = None
+        for owner in range(self.sp.size):
+            ids, positions, labels = members[owner]
+            last = owner == self.sp.size - 1
+            with self._gradient_sync(sync_gradients and last):
+                logps = self._owner_logps(ids, positions, labels)[:lengths[owner]]
+                if owner == self.sp.rank:
+                    token_logps = unpack_token_values(logps, packed)
+                    loss = loss_fn(token_logps)
+                    result = StepResult(loss.detach(), token_logps.detach())
+                else:
+                    loss = logps.sum() * 0.0  # keeps this rank in the gather's backward all-reduce
+                self._backward(loss)
+        return result
+
+    def _gather_members(self, packed, lengths):
+        """Every member's packed ``(ids, positions, labels)``, padded to a multiple of sp (no grad)."""
+        longest = max(lengths)
+        fills = (0, 0, IGNORE_INDEX)
+        own = [torch.cat([t, t.new_full((longest - len(packed),), f)])
+               for t, f in zip((packed.input_ids, packed.positions, packed.labels), fills)]
+        stacked = gather_sequence_no_grad(torch.stack(own)[None], self.sp)  # [n, 3, longest]
+        return [[pad_to_multiple(stacked[j, k, :lengths[j]], self.sp.size, fills[k]) for k in range(3)]
+                for j in range(self.sp.size)]
+
+    def _owner_logps(self, ids, positions, labels):
+        rank, size = self.sp.rank, self.sp.size
+        logits = self.local_logits(shard(ids, rank, size), shard(positions, rank, size))
+        return gather_sequence(token_log_probs(logits, shard(labels, rank, size)), self.sp)
+
+    def _gradient_sync(self, enabled: bool):
+        if enabled:
+            return contextlib.nullcontext()
+        if self.accelerator is not None:
+            return self.accelerator.no_sync(self.model)
+        if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2
+            return _fsdp2_no_sync(self.model)
+        return getattr(self.model, "no_sync", contextlib.nullcontext)()  # DDP, or a plain module
+
+    def _backward(self, loss):
+        if self.accelerator is not None:
+            self.accelerator.backward(loss)
+        else:
+            loss.backward()
+
+
+@contextlib.contextmanager
+def _fsdp2_no_sync(model):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def _world_size(accelerator) -> int:
+    if accelerator is not None:
+        return accelerator.num_processes
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def prepare_context_parallel(accelerator, model, plugin: ContextParallelPlugin | None = None):
+    """Validate, register ``"ulysses_<inner>"`` on the model, build the SP groups; return the runner.
+
+    ``model`` may already be wrapped by ``accelerator.prepare`` (DDP) or ``fully_shard`` (FSDP2);
+    ``accelerator=None`` uses ``torch.distributed`` directly. All checks run before any collective, so bad
+    settings raise the same ``ValueError`` on every rank instead of hanging.
+    """
+    plugin = plugin if plugin is not None else ContextParallelPlugin.from_env()
+    module = accelerator.unwrap_model(model) if accelerator is not None else getattr(model, "module", model)
+    plugin.check_world(_world_size(accelerator))
+    plugin.check_model(module.config)
+    if getattr(module, "is_gradient_checkpointing", False):
+        raise ValueError("gradient checkpointing recomputes attention outside the sharded forward; disable it "
+                         "(context parallelism already divides activation memory by sp_size)")
+    module.set_attn_implementation(register_ulysses_attention(plugin.inner_attention))
+    return ContextParallelRunner(model, build_sequence_parallel_group(plugin.sp_size), accelerator)
