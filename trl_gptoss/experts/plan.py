@@ -113,6 +113,8 @@ def check_experts_inputs(
 
 
 def _split(expert: int, start: int, end: int, rows_per_chunk: int | None):
+    if end == start:  # an expert without tokens costs nothing
+        return []
     step = end - start if rows_per_chunk is None else rows_per_chunk
     return [(expert, lo, min(lo + step, end)) for lo in range(start, end, step)]
 
