@@ -1,0 +1,146 @@
+"""PID 1 of one sandboxed call: prepares the namespaces, runs the model's code, reaps, exits.
+
+This file is executed (never imported) as ``python -I -S _sandbox_init.py CONFIG_JSON`` by
+``unshare --net --pid --mount --fork --kill-child --mount-proc``, i.e. as root inside fresh network, PID
+and mount namespaces. The code to run arrives on stdin. Steps, all inside the private mount namespace so
+the host's view never changes:
+
+1. Hide ``hide_dirs`` (e.g. ``/root``, whose secrets the code must not read) under empty tmpfs mounts, but
+   bind the interpreter's directories back in, so a non-root uid can start Python from a private install.
+2. Make every existing mount read-only and nosuid (``mount_setattr(AT_RECURSIVE)``).
+3. Mount fresh size-limited tmpfs on ``/tmp``, ``/dev/shm``, ``/var/tmp``; the working directory is
+   ``/tmp/work`` (owned by the call's uid), so everything written vanishes with the mount namespace.
+4. Fork: the child drops to an unprivileged uid (its own per-call uid, so ``RLIMIT_NPROC`` counts only
+   this call's processes), sets resource limits and ``no_new_privs``, and execs Python on ``main.py``.
+5. This process reaps orphans until the child exits, then exits with the child's status; the kernel then
+   SIGKILLs every other process of the PID namespace (daemons, setsid escapes, fork bombs).
+
+Exit status: the child's exit code, or ``128 + signal`` when it was killed by a signal.
+"""
+
+import ctypes
+import json
+import os
+import resource
+import sys
+
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC = 0x2, 0x4, 0x1000, 0x4000
+MNT_DETACH = 0x2
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID = 0x1, 0x2
+AT_FDCWD, AT_RECURSIVE = -100, 0x8000
+SYS_MOUNT_SETATTR = 442  # x86_64 and aarch64 share the number of this (new-style) syscall
+PR_SET_NO_NEW_PRIVS = 38
+WORKDIR = "/tmp/work"  # inside the call's own /tmp tmpfs, so it vanishes with the mount namespace
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def _check(ret, what):
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"sandbox init: {what}: {os.strerror(err)}")
+
+
+def _mount(source, target, fstype, flags, data=None):
+    args = [s.encode() if s is not None else None for s in (source, target, fstype, data)]
+    _check(LIBC.mount(args[0], args[1], args[2], ctypes.c_ulong(flags), args[3]), f"mount {target}")
+
+
+def _tmpfs(target, size, mode, uid=0, gid=0):
+    _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode={mode:o},uid={uid},gid={gid}")
+
+
+def _hide_keeping(hide_dir, keep, stage_root):
+    """Cover ``hide_dir`` with an empty tmpfs, then bind each path of ``keep`` back at its own place."""
+    stages = []
+    for i, path in enumerate(keep):
+        stage = os.path.join(stage_root, f"{len(os.listdir(stage_root))}-{i}")
+        os.mkdir(stage)
+        _mount(path, stage, None, MS_BIND | MS_REC)
+        stages.append((stage, path))
+    _tmpfs(hide_dir, "1m", 0o755)
+    for stage, path in stages:
+        os.makedirs(path, exist_ok=True)
+        _mount(stage, path, None, MS_BIND | MS_REC)
+        _check(LIBC.umount2(stage.encode(), MNT_DETACH), f"umount {stage}")
+
+
+def _make_everything_read_only():
+    attr = _MountAttr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, 0, 0)
+    ret = LIBC.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr),
+                       ctypes.sizeof(attr))
+    _check(ret, "mount_setattr(/, RDONLY|NOSUID, AT_RECURSIVE)")
+
+
+def prepare_filesystem(cfg):
+    stage_root = os.path.join(cfg["call_dir"], "stage")
+    os.mkdir(stage_root, 0o700)
+    for hide_dir, keep in cfg["hide"]:
+        _hide_keeping(hide_dir, keep, stage_root)
+    _make_everything_read_only()
+    disk = cfg["limits"]["disk_bytes"]
+    for scratch in ("/tmp", "/dev/shm", "/var/tmp"):
+        if os.path.isdir(scratch):
+            _tmpfs(scratch, disk, 0o1777)
+    os.mkdir(WORKDIR, 0o700)
+    os.chown(WORKDIR, cfg["uid"], cfg["uid"])
+
+
+def _set_limits(limits):
+    as_bytes = limits["address_space_bytes"]
+    for res, value in ((resource.RLIMIT_CPU, limits["cpu_seconds"]), (resource.RLIMIT_AS, as_bytes),
+                       (resource.RLIMIT_NPROC, limits["max_processes"]),
+                       (resource.RLIMIT_FSIZE, limits["file_size_bytes"]),
+                       (resource.RLIMIT_NOFILE, limits["open_files"]), (resource.RLIMIT_CORE, 0)):
+        resource.setrlimit(res, (value, value))
+
+
+def run_child(cfg):
+    """Child side of the fork: drop privileges and exec the model's program (never returns)."""
+    uid = cfg["uid"]
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    _set_limits(cfg["limits"])
+    os.setresuid(uid, uid, uid)
+    _check(LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+    os.chdir(WORKDIR)
+    os.execve(cfg["python"], [cfg["python"], "-I", "-u", "main.py"], cfg["env"])
+
+
+def reap_until(child):
+    """Reap every child (orphans are re-parented to PID 1) until ``child`` exits; return its status."""
+    while True:
+        pid, status = os.wait()
+        if pid == child:
+            code = os.waitstatus_to_exitcode(status)
+            return code if code >= 0 else 128 - code
+
+
+def main():
+    cfg = json.loads(sys.argv[1])
+    code = sys.stdin.buffer.read()
+    devnull = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(devnull, 0)
+    prepare_filesystem(cfg)
+    main_py = os.path.join(WORKDIR, "main.py")
+    with open(main_py, "wb") as f:
+        f.write(code)
+    os.chown(main_py, cfg["uid"], cfg["uid"])
+    sys.stdout.flush()
+    child = os.fork()
+    if child == 0:
+        try:
+            run_child(cfg)
+        except BaseException as exc:  # noqa: BLE001 - report any set-up failure, then die
+            os.write(2, f"sandbox init: could not start the program: {exc!r}\n".encode())
+        os._exit(125)
+    os._exit(reap_until(child))
+
+
+if __name__ == "__main__":
+    main()
