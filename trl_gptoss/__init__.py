@@ -6,4 +6,9 @@ Importing the package registers ``attn_implementation="fa3_sink"`` with transfor
 FA3_SINK = "fa3_sink"
 
 __version__ = "0.1.0"
+
+from trl_gptoss.attention import register_fa3_sink  # noqa: E402  (FA3_SINK must exist first)
+
+register_fa3_sink(FA3_SINK)
+
 __all__ = ["FA3_SINK", "__version__"]

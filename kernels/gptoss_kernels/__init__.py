@@ -1,6 +1,15 @@
 """gptoss_kernels: attention with learnable sinks and MoE math for GPT-OSS (torch; Triton when present)."""
 
+from gptoss_kernels.attention import BACKENDS, select_backend, sink_attention
+from gptoss_kernels.chunked import sink_attention_chunked
 from gptoss_kernels.reference import sink_attention_ref
 from gptoss_kernels.validation import check_sink_attention_inputs
 
-__all__ = ["check_sink_attention_inputs", "sink_attention_ref"]
+__all__ = [
+    "BACKENDS",
+    "check_sink_attention_inputs",
+    "select_backend",
+    "sink_attention",
+    "sink_attention_chunked",
+    "sink_attention_ref",
+]

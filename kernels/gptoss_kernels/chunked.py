@@ -1,0 +1,229 @@
+"""Memory-efficient, exact sink attention in plain PyTorch: the CPU backend (runs on any device).
+
+Same contract as ``sink_attention_ref``. For query row i of head h and its allowed keys j::
+
+    S_ij  = scale * q_i . k_j
+    lse_i = log( exp(sinks[h]) + sum_j exp(S_ij) )
+    o_i   = sum_j exp(S_ij - lse_i) * v_j
+
+Every layout is reduced to one picture: queries and keys flattened to ``[Nq, Hq, D]`` / ``[Nk, Hkv, D]``,
+and each query row i attends to the contiguous key interval ``[lo_i, hi_i]`` of the flattened keys
+(document start or window start .. its own position). Both bounds are non-decreasing in i, so a chunk of
+query rows needs only the key band ``[lo_first, hi_last]``; tiles outside the band are never computed.
+
+Forward: FlashAttention-style online softmax over key tiles whose running max and sum START FROM THE
+SINK (``m = s_h``, ``l = 1``), so the sink is in the denominator from the first tile. Saves ``(o, lse)``.
+Backward: recomputes ``P = exp(S - lse)`` per tile (no T x T tensor is ever kept), with
+``D_i = rowsum(dO_i * O_i)``, ``dS = P * (dP - D)``, and ``dsinks[h] = -sum_i exp(s_h - lse_i) * D_i``.
+GQA is done by viewing the ``G = Hq / Hkv`` query heads of a group as extra rows of one matmul against
+their shared key/value head, so K and V are never repeated. Peak extra memory is a few tiles of
+``Hq * q_chunk * key_chunk`` floats plus the (float32) gradients, i.e. O(T * chunk), not O(T^2).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gptoss_kernels.validation import check_sink_attention_inputs
+
+# Score-tile budget in elements (Hq * q rows * keys). 2**23 fp32 = 32 MiB: large enough for matmuls to
+# run near peak on a CPU, small enough that the few live tiles of the backward stay far below eager's T^2.
+DEFAULT_TILE_ELEMENTS = 2**23
+DEFAULT_Q_CHUNK = 256
+
+
+def _compute_dtype(dtype):
+    """fp32 accumulation for fp16/bf16/fp32 inputs; float64 stays float64 (for reference-grade checks)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def key_intervals(q_shape, k_shape, cu_seqlens, window, device):
+    """Per flattened query row, the inclusive key interval ``[lo, hi]`` it may attend to.
+
+    Packed (``cu_seqlens``): row i of a document starting at ``s`` has ``hi = i``, ``lo = s``.
+    Batched ``[B, Tq, ...]`` / ``[B, Tk, ...]``: queries are the last Tq positions of their row, so
+    ``hi = b * Tk + Tk - Tq + i``, ``lo = b * Tk``. A window W then raises ``lo`` to ``hi - W + 1``.
+    Returns two int64 tensors of shape ``[Nq]``.
+    """
+    if cu_seqlens is not None:
+        bounds = cu_seqlens.to(device=device, dtype=torch.int64)
+        lengths = bounds[1:] - bounds[:-1]
+        hi = torch.arange(q_shape[0], device=device)
+        lo = torch.repeat_interleave(bounds[:-1], lengths, output_size=q_shape[0])
+    else:
+        batch, tq, tk = q_shape[0], q_shape[1], k_shape[1]
+        row_start = (torch.arange(batch, device=device) * tk)[:, None]
+        hi = (row_start + (tk - tq) + torch.arange(tq, device=device)[None, :]).reshape(-1)
+        lo = row_start.expand(batch, tq).reshape(-1)
+    if window is not None:
+        lo = torch.maximum(lo, hi - (window - 1))
+    return lo, hi
+
+
+def _tile_mask(lo_c, hi_c, k0, k1):
+    """Bool ``[C, k1 - k0]``: True where key ``k0 + c`` lies in row r's interval; None if all rows see all."""
+    if int(lo_c[-1]) <= k0 and int(hi_c[0]) >= k1 - 1:
+        return None
+    keys = torch.arange(k0, k1, device=lo_c.device)
+    return (keys[None, :] >= lo_c[:, None]) & (keys[None, :] <= hi_c[:, None])
+
+
+def _key_tiles(lo_c, hi_c, key_chunk):
+    """Key tiles ``(k0, k1, mask)`` covering the band of one query chunk, skipping fully masked tiles."""
+    band_lo, band_hi = int(lo_c[0]), int(hi_c[-1])
+    for k0 in range(band_lo, band_hi + 1, key_chunk):
+        k1 = min(k0 + key_chunk, band_hi + 1)
+        if not bool(((hi_c >= k0) & (lo_c < k1)).any()):
+            continue
+        yield k0, k1, _tile_mask(lo_c, hi_c, k0, k1)
+
+
+def _scores(q_c, k_h, k0, k1, mask, shape):
+    """``S = q_c k^T`` for one tile as ``[Hkv, G, C, Kc]`` with disallowed entries set to -inf."""
+    scores = torch.bmm(q_c, k_h[:, k0:k1].transpose(1, 2)).view(*shape, k1 - k0)
+    if mask is not None:
+        scores.masked_fill_(~mask, float("-inf"))
+    return scores
+
+
+def _chunk_rows(qh, r0, r1):
+    """Rows ``[r0, r1)`` of a head-major ``[Hkv, G, N, D]`` tensor as one matmul operand ``[Hkv, G*C, D]``."""
+    hkv, group, _, dim = qh.shape
+    return qh[:, :, r0:r1].reshape(hkv, group * (r1 - r0), dim)
+
+
+def _forward_chunk(q_c, k_h, v_h, sinks_g, lo_c, hi_c, key_chunk):
+    """Online softmax for one query chunk. Returns ``acc / l`` ``[Hkv, G, C, D]`` and lse ``[Hkv, G, C]``."""
+    hkv, group = sinks_g.shape
+    rows, dim = lo_c.shape[0], q_c.shape[-1]
+    shape = (hkv, group, rows)
+    # The sink starts the running max/sum: m = s_h, l = exp(s_h - m) = 1 (0 when the sink is -inf).
+    m = sinks_g[:, :, None].expand(shape).clone()
+    l_sum = (m > float("-inf")).to(q_c.dtype)
+    acc = q_c.new_zeros(hkv, group * rows, dim)
+    for k0, k1, mask in _key_tiles(lo_c, hi_c, key_chunk):
+        scores = _scores(q_c, k_h, k0, k1, mask, shape)
+        m_new = torch.maximum(m, scores.amax(dim=-1))
+        # A row that has seen neither a finite sink nor a key keeps m = -inf; shift by 0 to avoid inf - inf.
+        m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)
+        alpha = torch.exp(m - m_safe)
+        probs = scores.sub_(m_safe[..., None]).exp_()
+        l_sum = l_sum * alpha + probs.sum(dim=-1)
+        acc.view(*shape, dim).mul_(alpha[..., None])
+        acc.baddbmm_(probs.view(hkv, group * rows, k1 - k0), v_h[:, k0:k1])
+        m = m_new
+    out = acc.view(*shape, dim) / l_sum[..., None]
+    return out, m + torch.log(l_sum)
+
+
+def _backward_chunk(q_c, do_c, k_h, v_h, lse_c, delta_c, lo_c, hi_c, key_chunk, dk_h, dv_h):
+    """Recompute P per tile; returns dq for the chunk ``[Hkv, G*C, D]`` and accumulates into dk_h, dv_h."""
+    hkv, group, rows = lse_c.shape
+    shape = (hkv, group, rows)
+    dq_c = torch.zeros_like(q_c)
+    for k0, k1, mask in _key_tiles(lo_c, hi_c, key_chunk):
+        probs = _scores(q_c, k_h, k0, k1, mask, shape).sub_(lse_c[..., None]).exp_()
+        probs_2d = probs.view(hkv, group * rows, k1 - k0)
+        dv_h[:, k0:k1] += torch.bmm(probs_2d.transpose(1, 2), do_c)
+        dscores = torch.bmm(do_c, v_h[:, k0:k1].transpose(1, 2)).view(*shape, k1 - k0)
+        dscores.sub_(delta_c[..., None]).mul_(probs)  # dS = P * (dP - D)
+        dscores_2d = dscores.view(hkv, group * rows, k1 - k0)
+        dq_c.baddbmm_(dscores_2d, k_h[:, k0:k1])
+        dk_h[:, k0:k1] += torch.bmm(dscores_2d.transpose(1, 2), q_c)
+    return dq_c
+
+
+def _head_major(t, hkv, dtype, scale=1.0):
+    """``[N, H, D]`` -> contiguous ``[Hkv, H / Hkv, N, D]`` in ``dtype`` (q head h belongs to kv head h // G)."""
+    n, heads, dim = t.shape
+    t = t.to(dtype) if scale == 1.0 else t.to(dtype) * scale
+    return t.permute(1, 0, 2).reshape(hkv, heads // hkv, n, dim).contiguous()
+
+
+def _row_chunks(n, q_chunk):
+    return [(r0, min(r0 + q_chunk, n)) for r0 in range(0, n, q_chunk)]
+
+
+def _key_chunk_for(hq, q_chunk, key_chunk):
+    if key_chunk is not None:
+        return key_chunk
+    return max(q_chunk, DEFAULT_TILE_ELEMENTS // (hq * q_chunk))
+
+
+class ChunkedSinkAttention(torch.autograd.Function):
+    """Flattened layout: q ``[Nq, Hq, D]``, k/v ``[Nk, Hkv, D]``, sinks ``[Hq]``, lo/hi int64 ``[Nq]``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, lo, hi, scale, q_chunk, key_chunk):
+        nq, hq, dim = q.shape
+        hkv = k.shape[1]
+        dtype = _compute_dtype(q.dtype)
+        qh = _head_major(q, hkv, dtype, scale)
+        kh = k.to(dtype).permute(1, 0, 2).contiguous()
+        vh = v.to(dtype).permute(1, 0, 2).contiguous()
+        sinks_g = sinks.detach().to(dtype).view(hkv, hq // hkv)
+        out = torch.empty(nq, hkv, hq // hkv, dim, dtype=dtype, device=q.device)
+        lse = torch.empty(nq, hkv, hq // hkv, dtype=dtype, device=q.device)
+        for r0, r1 in _row_chunks(nq, q_chunk):
+            o_c, lse_c = _forward_chunk(_chunk_rows(qh, r0, r1), kh, vh, sinks_g, lo[r0:r1], hi[r0:r1], key_chunk)
+            out[r0:r1] = o_c.permute(2, 0, 1, 3)
+            lse[r0:r1] = lse_c.permute(2, 0, 1)
+        out, lse = out.view(nq, hq, dim), lse.view(nq, hq)
+        ctx.save_for_backward(q, k, v, sinks, lo, hi, out, lse)
+        ctx.scale, ctx.q_chunk, ctx.key_chunk = scale, q_chunk, key_chunk
+        ctx.mark_non_differentiable(lse)
+        return out.to(q.dtype), lse
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse):
+        q, k, v, sinks, lo, hi, out, lse = ctx.saved_tensors
+        nq, hq, dim = q.shape
+        hkv, group = k.shape[1], hq // k.shape[1]
+        dtype = out.dtype
+        qh = _head_major(q, hkv, dtype, ctx.scale)
+        doh = _head_major(grad_out, hkv, dtype)
+        kh = k.to(dtype).permute(1, 0, 2).contiguous()
+        vh = v.to(dtype).permute(1, 0, 2).contiguous()
+        lse_h = lse.t().reshape(hkv, group, nq)
+        delta_h = (grad_out.to(dtype) * out).sum(-1).t().reshape(hkv, group, nq)  # D_i = rowsum(dO_i * O_i)
+        dq = torch.empty(nq, hkv, group, dim, dtype=dtype, device=q.device)
+        dk_h, dv_h = torch.zeros_like(kh), torch.zeros_like(vh)
+        for r0, r1 in _row_chunks(nq, ctx.q_chunk):
+            dq_c = _backward_chunk(_chunk_rows(qh, r0, r1), _chunk_rows(doh, r0, r1), kh, vh, lse_h[:, :, r0:r1],
+                                   delta_h[:, :, r0:r1], lo[r0:r1], hi[r0:r1], ctx.key_chunk, dk_h, dv_h)
+            dq[r0:r1] = dq_c.view(hkv, group, r1 - r0, dim).permute(2, 0, 1, 3)
+        dq = (dq.view(nq, hq, dim) * ctx.scale).to(q.dtype)
+        dk = dk_h.permute(1, 0, 2).to(k.dtype)
+        dv = dv_h.permute(1, 0, 2).to(v.dtype)
+        dsinks = None
+        if ctx.needs_input_grad[3]:
+            sink_prob = torch.exp(sinks.to(dtype)[:, None] - lse.t())  # [Hq, Nq]
+            dsinks = -(sink_prob * delta_h.reshape(hq, nq)).sum(-1).to(sinks.dtype)
+        return dq, dk, dv, dsinks, None, None, None, None, None
+
+
+def sink_attention_chunked(q, k, v, sinks, *, cu_seqlens=None, max_seqlen=None, window=None, scale=None,
+                           return_lse=False, q_chunk=DEFAULT_Q_CHUNK, key_chunk=None):
+    """Chunked sink attention (see the module docstring for the math); differentiable in q, k, v, sinks.
+
+    Layouts as ``sink_attention_ref``: batched ``q: [B, Tq, Hq, D]``, ``k, v: [B, Tk, Hkv, D]`` with
+    ``Tk >= Tq`` (queries are the last Tq positions), or packed ``[total, H, D]`` with int32 ``cu_seqlens``.
+    ``q_chunk`` query rows are processed at a time against key tiles of ``key_chunk`` keys (default: as
+    many as fit ``DEFAULT_TILE_ELEMENTS`` for all heads). ``max_seqlen`` is accepted for API parity and
+    unused. Returns ``o`` like ``q`` (and with ``return_lse`` the sink-inclusive lse ``[B, Tq, Hq]`` or
+    ``[total, Hq]`` in float32, float64 for float64 inputs).
+    """
+    check_sink_attention_inputs(q, k, v, sinks, cu_seqlens=cu_seqlens, window=window)
+    for name, value in (("q_chunk", q_chunk), ("key_chunk", key_chunk)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not scale > 0:
+        raise ValueError(f"scale must be a positive number (default head_dim ** -0.5), got {scale!r}")
+    lo, hi = key_intervals(q.shape, k.shape, cu_seqlens, window, q.device)
+    hq, dim, hkv = q.shape[-2], q.shape[-1], k.shape[-2]
+    out, lse = ChunkedSinkAttention.apply(
+        q.reshape(-1, hq, dim), k.reshape(-1, hkv, dim), v.reshape(-1, hkv, dim), sinks, lo, hi,
+        float(scale), q_chunk, _key_chunk_for(hq, q_chunk, key_chunk))
+    out, lse = out.view(q.shape), lse.view(q.shape[:-1])
+    return (out, lse) if return_lse else out

@@ -1,0 +1,14 @@
+"""Sink attention for transformers: ``attn_implementation="fa3_sink"`` (registered by ``import trl_gptoss``)."""
+
+from trl_gptoss.attention.interface import FA3_SINK_NAME, fa3_sink_attention_forward, register_fa3_sink
+from trl_gptoss.attention.layout import PackedLayout, layout_from_cu_seqlens, packed_layout, valid_spans
+
+__all__ = [
+    "FA3_SINK_NAME",
+    "PackedLayout",
+    "fa3_sink_attention_forward",
+    "layout_from_cu_seqlens",
+    "packed_layout",
+    "register_fa3_sink",
+    "valid_spans",
+]
