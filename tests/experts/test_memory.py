@@ -1,0 +1,59 @@
+"""Structural memory check: record every tensor produced in forward + backward; none may have
+num_experts x tokens x hidden elements (upstream's legacy repeat and batched_mm's per-pair weight copies do)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from tests.experts.helpers import random_routing, upstream_experts
+from trl_gptoss.experts import patch_gpt_oss_experts
+
+NUM_TOKENS, NUM_EXPERTS, TOP_K, HIDDEN = 256, 32, 2, 16
+
+
+class LargestTensor(TorchDispatchMode):
+    """Remembers the shape of the largest tensor any aten op returns while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.numel, self.shape, self.op = 0, None, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor) and leaf.numel() > self.numel:
+                self.numel, self.shape, self.op = leaf.numel(), tuple(leaf.shape), str(func)
+        return out
+
+
+def _largest_in_train_step(experts) -> LargestTensor:
+    hidden = torch.randn(NUM_TOKENS, HIDDEN, requires_grad=True)
+    index, weights = random_routing(NUM_TOKENS, NUM_EXPERTS, TOP_K, dtype=torch.float32)
+    weights.requires_grad_(True)
+    with LargestTensor() as largest:
+        experts(hidden, index, weights).square().sum().backward()
+    return largest
+
+
+def test_no_tensor_grows_with_experts_times_tokens():
+    reference = upstream_experts(NUM_EXPERTS, HIDDEN, HIDDEN, dtype=torch.float32)
+    sequential = copy.deepcopy(reference)
+    patch_gpt_oss_experts(sequential)
+    largest = _largest_in_train_step(sequential)
+    pairs = NUM_TOKENS * TOP_K
+    # Legit maxima: saved gate/up [T*K, 2I] and a full weight gradient [E, H, 2I] (both 16 Ki elements here).
+    allowed = max(pairs * 2 * HIDDEN, NUM_EXPERTS * HIDDEN * 2 * HIDDEN)
+    assert largest.numel <= allowed, f"largest tensor {largest.shape} from {largest.op} exceeds {allowed}"
+    assert largest.numel * 8 <= NUM_EXPERTS * NUM_TOKENS * HIDDEN
+
+
+def test_the_check_catches_per_pair_weight_copies():
+    """Sensitivity: upstream batched_mm gathers one [H, 2I] weight per (token, k) pair and must trip the check."""
+    reference = upstream_experts(NUM_EXPERTS, HIDDEN, HIDDEN, dtype=torch.float32)
+    reference.config._experts_implementation = "batched_mm"
+    largest = _largest_in_train_step(reference)
+    assert largest.numel >= NUM_EXPERTS * NUM_TOKENS * HIDDEN, largest.shape
