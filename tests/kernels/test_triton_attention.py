@@ -1,0 +1,245 @@
+"""Triton sink-attention kernels (CPU interpreter) vs the float64 reference: o, lse, dq, dk, dv, dsinks."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
+
+from dataclasses import dataclass  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from gptoss_kernels import sink_attention_ref  # noqa: E402
+from gptoss_kernels.triton import launchers, sink_attention_triton  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+CPU_OK = launchers.INTERPRETED or torch.cuda.is_available()
+needs_kernel_device = pytest.mark.skipif(not CPU_OK, reason="TRITON_INTERPRET=1 was not set before triton")
+NAMES = ("o", "dq", "dk", "dv", "dsinks")
+
+
+@dataclass(frozen=True)
+class Case:
+    lens: tuple
+    hq: int
+    hkv: int
+    d: int = 16
+    window: int | None = None
+    blocks: tuple = (16, 16)
+    scale: float | None = None
+    sink_low: float = -1.0
+    sink_high: float = 3.0
+
+
+CASES = {
+    "T37-full-gqa2-d64": Case((37,), 4, 2, d=64),
+    "T113-win8-gqa4-m32n16": Case((113,), 4, 1, window=8, blocks=(32, 16)),
+    "T50-win7-gqa1-m16n32": Case((50,), 2, 2, d=32, window=7, blocks=(16, 32)),
+    "window-gt-T-two-docs": Case((20, 13), 2, 2, window=64),
+    "window1-gqa2": Case((29,), 4, 2, window=1),
+    "varlen-0-1-full": Case((0, 1, 37, 0, 18), 4, 2, blocks=(16, 32)),
+    "varlen-0-1-win5-gqa8": Case((1, 0, 50, 7), 8, 1, window=5),
+    "scale0.3-win16": Case((45,), 2, 1, window=16, scale=0.3),
+    "sink30-only-sink-matters": Case((3, 21), 2, 1, window=4, sink_low=30.0, sink_high=30.0),
+}
+LOWP_CASES = {
+    "bf16-T37-full-gqa2-d64": (Case((37,), 4, 2, d=64), torch.bfloat16),
+    "bf16-varlen-0-1-win5-gqa4": (Case((1, 0, 45, 6), 4, 1, window=5), torch.bfloat16),
+    "fp16-T40-win9-gqa2": (Case((40,), 4, 2, window=9, blocks=(32, 16)), torch.float16),
+}
+
+
+@pytest.fixture(autouse=True)
+def _nan_filled_outputs(monkeypatch):
+    monkeypatch.setattr(launchers, "FILL_OUTPUTS_WITH_NAN", True)
+
+
+def _cu_seqlens(lens):
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+
+
+def _inputs(case, dtype=torch.float64):
+    """q, k, v, sinks, dO in ``dtype``, values in float64 first so every dtype sees the same data."""
+    total = sum(case.lens)
+    q = torch.randn(total, case.hq, case.d, dtype=torch.float64)
+    k = torch.randn(total, case.hkv, case.d, dtype=torch.float64)
+    v = torch.randn(total, case.hkv, case.d, dtype=torch.float64)
+    sinks = torch.empty(case.hq, dtype=torch.float64).uniform_(case.sink_low, case.sink_high)
+    do = torch.randn(total, case.hq, case.d, dtype=torch.float64)
+    return [t.to(dtype) for t in (q, k, v)] + [sinks, do.to(dtype)]
+
+
+def _grads(fn, q, k, v, sinks, do):
+    """Run ``fn`` on fresh leaves; return ``[o, dq, dk, dv, dsinks]``."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, sinks)]
+    o = fn(*leaves)
+    return [o.detach(), *torch.autograd.grad(o, leaves, do)]
+
+
+def _reference64(case, q, k, v, sinks, do):
+    cu = _cu_seqlens(case.lens)
+    fn = lambda q, k, v, s: sink_attention_ref(q, k, v, s, cu_seqlens=cu, window=case.window, scale=case.scale)
+    return _grads(fn, *(t.double() for t in (q, k, v, sinks, do)))
+
+
+def _triton(case, q, k, v, sinks, do):
+    cu = _cu_seqlens(case.lens)
+    fn = lambda q, k, v, s: sink_attention_triton(q, k, v, s, cu_seqlens=cu, max_seqlen=max(case.lens),
+                                                  window=case.window, scale=case.scale, block_sizes=case.blocks)
+    return _grads(fn, q, k, v, sinks, do)
+
+
+def _torch_lowp(case, q, k, v, sinks, do):
+    """The same math as transformers' GPT-OSS eager, every op in the low dtype (the tolerance yardstick)."""
+    scale = case.d ** -0.5 if case.scale is None else case.scale
+
+    def attend(q, k, v, s):
+        pieces, bounds = [], _cu_seqlens(case.lens).tolist()
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            qd, kd, vd = (t[start:end].transpose(0, 1) for t in (q, k, v))  # [H, T, D]
+            group = case.hq // case.hkv
+            kd, vd = kd.repeat_interleave(group, 0), vd.repeat_interleave(group, 0)
+            scores = qd @ kd.transpose(1, 2) * scale
+            pos = torch.arange(end - start, device=q.device)
+            allowed = pos[None, :] <= pos[:, None]
+            if case.window is not None:
+                allowed &= pos[None, :] > pos[:, None] - case.window
+            scores = scores.masked_fill(~allowed, float("-inf"))
+            logits = torch.cat([scores, s.to(q.dtype)[:, None, None].expand(-1, end - start, 1)], dim=-1)
+            logits = logits - logits.max(dim=-1, keepdim=True).values
+            probs = torch.softmax(logits, dim=-1, dtype=q.dtype)[..., :-1]
+            pieces.append((probs @ vd).transpose(0, 1))
+        return torch.cat(pieces)
+
+    return _grads(attend, q, k, v, sinks.to(q.dtype), do)
+
+
+def _assert_close(name, actual, ref, tol):
+    err = (actual.double() - ref).abs()
+    assert not torch.isnan(actual).any(), f"{name}: NaN (an output element the kernel never wrote?)"
+    assert err.max() <= tol, (f"{name}: max|diff| {err.max():.3e} (mean {err.mean():.3e}) > tol {tol:.3e}; "
+                              f"max|ref| {ref.abs().max():.3e}")
+
+
+@needs_kernel_device
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_fp32_matches_float64_reference(case):
+    q, k, v, sinks, do = _inputs(case, torch.float32)
+    sinks = sinks.float()
+    ref = _reference64(case, q, k, v, sinks, do)
+    got = _triton(case, q, k, v, sinks, do)
+    assert got[4].dtype == torch.float32
+    for name, actual, expected in zip(NAMES, got, ref):
+        _assert_close(name, actual, expected, 1e-5 * max(expected.abs().max().item(), 1.0))
+
+
+@needs_kernel_device
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_lse_includes_the_sink(case):
+    q, k, v, sinks, _ = _inputs(case, torch.float32)
+    sinks = sinks.float()
+    cu = _cu_seqlens(case.lens)
+    scale = case.d ** -0.5 if case.scale is None else case.scale
+    o, lse = launchers.sink_attention_fwd(q, k, v, sinks, cu, max(case.lens), case.window, scale, *case.blocks)
+    o_ref, lse_ref = sink_attention_ref(q.double(), k.double(), v.double(), sinks.double(), cu_seqlens=cu,
+                                        window=case.window, scale=case.scale, return_lse=True)
+    _assert_close("lse", lse, lse_ref, 1e-5 * max(lse_ref.abs().max().item(), 1.0))
+    _assert_close("o (launcher)", o, o_ref, 1e-5 * max(o_ref.abs().max().item(), 1.0))
+    if case.sink_low >= 30:  # every key is negligible next to exp(30): lse = sink, o ~ 0
+        assert (lse - sinks).abs().max() < 1e-5 and o.abs().max() < 1e-9
+
+
+def _dsinks_from_output(case, q, k, v, sinks, do, o):
+    """``-sum_i exp(sink - lse_i) * rowsum(dO_i * o_i)`` with the float64 lse and a given output ``o``.
+
+    Every FlashAttention backward forms ``D = rowsum(dO * O)`` from the forward output as stored, so dsinks
+    inherits the forward's error in O. Fed with the low-precision PyTorch output, this is the kernel's own
+    dsinks formula run in PyTorch: the yardstick for dsinks (O's own error is checked separately).
+    """
+    _, lse = sink_attention_ref(*(t.double() for t in (q, k, v, sinks)), cu_seqlens=_cu_seqlens(case.lens),
+                                window=case.window, scale=case.scale, return_lse=True)
+    delta = (do.double() * o.double()).sum(-1)
+    return -(torch.exp(sinks.double() - lse) * delta).sum(0)
+
+
+@needs_kernel_device
+@pytest.mark.parametrize(("case", "dtype"), LOWP_CASES.values(), ids=LOWP_CASES.keys())
+def test_low_precision_within_twice_torch_error(case, dtype):
+    q, k, v, sinks, do = _inputs(case, dtype)
+    sinks = sinks.float()
+    ref = _reference64(case, q, k, v, sinks, do)  # float64 math on the same rounded inputs
+    lowp = _torch_lowp(case, q, k, v, sinks, do)
+    got = _triton(case, q, k, v, sinks, do)
+    assert [t.dtype for t in got] == [dtype] * 4 + [torch.float32]
+    lowp_err = [(t.double() - r).abs().max().item() for t, r in zip(lowp, ref)]
+    dsinks_formula = _dsinks_from_output(case, q, k, v, sinks, do, lowp[0])
+    lowp_err[4] = max(lowp_err[4], (dsinks_formula - ref[4]).abs().max().item())
+    for name, actual, err, expected in zip(NAMES, got, lowp_err, ref):
+        atol = 1e-3 * max(expected.abs().max().item(), 1.0)
+        _assert_close(name, actual, expected, 2 * err + atol)
+
+
+@needs_kernel_device
+def test_dsinks_come_back_in_the_sinks_dtype():
+    case = Case((9, 0, 16), 2, 1, window=3)
+    q, k, v, sinks, do = _inputs(case, torch.float32)
+    got = _triton(case, q, k, v, sinks.to(torch.bfloat16), do)
+    ref = _reference64(case, q, k, v, sinks.to(torch.bfloat16), do)
+    assert got[4].dtype == torch.bfloat16
+    _assert_close("dsinks (bf16 sinks)", got[4], ref[4], 1e-2 * ref[4].abs().max().item())
+
+
+def _valid_args(**overrides):
+    args = dict(q=torch.randn(10, 4, 16), k=torch.randn(10, 2, 16), v=torch.randn(10, 2, 16),
+                sinks=torch.zeros(4), cu_seqlens=torch.tensor([0, 4, 10], dtype=torch.int32), max_seqlen=6)
+    args.update(overrides)
+    return args
+
+
+BAD_INPUTS = {
+    "float64": (dict(q=torch.randn(10, 4, 16, dtype=torch.float64), k=torch.randn(10, 2, 16, dtype=torch.float64),
+                     v=torch.randn(10, 2, 16, dtype=torch.float64)), "float16/bfloat16/float32"),
+    "head-dim-48": (dict(q=torch.randn(10, 4, 48), k=torch.randn(10, 2, 48), v=torch.randn(10, 2, 48)),
+                    "power of two"),
+    "head-dim-256": (dict(q=torch.randn(10, 4, 256), k=torch.randn(10, 2, 256), v=torch.randn(10, 2, 256)),
+                     "power of two"),
+    "batched-layout": (dict(q=torch.randn(1, 10, 4, 16), cu_seqlens=None), "cu_seqlens"),
+    "max-seqlen-too-small": (dict(max_seqlen=5), "max_seqlen"),
+    "max-seqlen-float": (dict(max_seqlen=6.0), "max_seqlen"),
+    "cu-seqlens-int64": (dict(cu_seqlens=torch.tensor([0, 4, 10])), "int32"),
+    "cu-seqlens-decreasing": (dict(cu_seqlens=torch.tensor([0, 6, 4, 10], dtype=torch.int32)), "non-decreasing"),
+    "sinks-wrong-length": (dict(sinks=torch.zeros(2)), "one logit per query head"),
+    "sinks-none": (dict(sinks=None), "sinks"),
+    "gqa-3-over-2": (dict(q=torch.randn(10, 3, 16)), "multiple"),
+    "window-0": (dict(window=0), "window"),
+    "scale-negative": (dict(scale=-1.0), "scale"),
+    "block-8": (dict(block_sizes=(8, 16)), "BLOCK_M"),
+    "block-24": (dict(block_sizes=(16, 24)), "BLOCK_N"),
+}
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_INPUTS.values(), ids=BAD_INPUTS.keys())
+def test_bad_input_raises_value_error(overrides, message):
+    args = _valid_args(**overrides)
+    with pytest.raises(ValueError, match=message):
+        sink_attention_triton(args.pop("q"), args.pop("k"), args.pop("v"), args.pop("sinks"), **args)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [None, 128], ids=["full", "window128"])
+def test_gpt_oss_shape_bf16_on_gpu(window):
+    """64 q heads / 8 kv heads, d 64, two documents totalling 4096 tokens, bf16, default CUDA block sizes."""
+    case = Case((3000, 1096), 64, 8, d=64, window=window)
+    q, k, v, sinks, do = (t.cuda() for t in _inputs(case, torch.bfloat16))
+    cu = _cu_seqlens(case.lens).cuda()
+    sinks = sinks.float()
+    ref_fn = lambda q, k, v, s: sink_attention_ref(q, k, v, s, cu_seqlens=cu, window=window)
+    ref = _grads(ref_fn, *(t.float() for t in (q, k, v, sinks, do)))  # fp32 math: T^2 float64 is too big
+    lowp = _torch_lowp(case, q, k, v, sinks, do)
+    fn = lambda q, k, v, s: sink_attention_triton(q, k, v, s, cu_seqlens=cu, max_seqlen=3000, window=window)
+    got = _grads(fn, q, k, v, sinks, do)
+    for name, actual, torch_lowp, expected in zip(NAMES, got, lowp, ref):
+        expected = expected.double()
+        atol = 1e-3 * max(expected.abs().max().item(), 1.0)
+        _assert_close(name, actual, expected, 2 * (torch_lowp.double() - expected).abs().max().item() + atol)
