@@ -64,7 +64,7 @@ def _assistant_turn(rng, tools, turn):
         tool = rng.choice(tools)["name"]
         ctype = rng.choice(["<|constrain|>json", "json", None])
         msgs.append({"role": "assistant", "channel": "commentary", "recipient": f"functions.{tool}",
-                     "content_type": ctype, "content": '{"location": "Paris", "n": %d}' % turn})
+                     "content_type": ctype, "content": f'{{"location": "Paris", "n": {turn}}}'})
         msgs.append({"role": "tool", "name": tool, "content": rng.choice(TEXTS) or "{}"})
     if rng.random() < 0.2:
         msgs.append({"role": "assistant", "channel": "analysis", "recipient": "python", "content_type": "code",

@@ -63,7 +63,8 @@ def test_every_truncation_is_reported_and_never_yields_a_tool_call(small):
     (lambda c: _first_message(c) + c.encode_text("trailing junk"), "unexpected_token"),
     (lambda c: [c.special("<|message|>")] + c.encode_text("x") + [c.special("<|start|>")], "unterminated_message"),
     (lambda c: [10**9, -1, "x", 3.5] + _final_completion(c), "invalid_token"),
-], ids=["extra-header-words", "unknown-role", "stop-in-header", "empty-channel", "text-between-messages", "start-in-body", "bad-ids"])
+], ids=["extra-header-words", "unknown-role", "stop-in-header", "empty-channel", "text-between-messages",
+        "start-in-body", "bad-ids"])
 def test_malformed_streams_give_structured_errors(small, stream, kind):
     parsed = parse_completion(stream(codec_for(small)), small)
     assert parsed.error is not None and parsed.error.kind == kind, parsed.errors
