@@ -140,6 +140,11 @@ def _head_major(t, hkv, dtype, scale=1.0):
     return t.permute(1, 0, 2).reshape(hkv, heads // hkv, n, dim).contiguous()
 
 
+def _new_output(*shape, dtype, device):
+    """Uninitialised output buffer; every row is written by a chunk (tests fill it with NaN to prove it)."""
+    return torch.empty(*shape, dtype=dtype, device=device)
+
+
 def _row_chunks(n, q_chunk):
     return [(r0, min(r0 + q_chunk, n)) for r0 in range(0, n, q_chunk)]
 
@@ -162,8 +167,8 @@ class ChunkedSinkAttention(torch.autograd.Function):
         kh = k.to(dtype).permute(1, 0, 2).contiguous()
         vh = v.to(dtype).permute(1, 0, 2).contiguous()
         sinks_g = sinks.detach().to(dtype).view(hkv, hq // hkv)
-        out = torch.empty(nq, hkv, hq // hkv, dim, dtype=dtype, device=q.device)
-        lse = torch.empty(nq, hkv, hq // hkv, dtype=dtype, device=q.device)
+        out = _new_output(nq, hkv, hq // hkv, dim, dtype=dtype, device=q.device)
+        lse = _new_output(nq, hkv, hq // hkv, dtype=dtype, device=q.device)
         for r0, r1 in _row_chunks(nq, q_chunk):
             o_c, lse_c = _forward_chunk(_chunk_rows(qh, r0, r1), kh, vh, sinks_g, lo[r0:r1], hi[r0:r1], key_chunk)
             out[r0:r1] = o_c.permute(2, 0, 1, 3)
@@ -186,7 +191,7 @@ class ChunkedSinkAttention(torch.autograd.Function):
         vh = v.to(dtype).permute(1, 0, 2).contiguous()
         lse_h = lse.t().reshape(hkv, group, nq)
         delta_h = (grad_out.to(dtype) * out).sum(-1).t().reshape(hkv, group, nq)  # D_i = rowsum(dO_i * O_i)
-        dq = torch.empty(nq, hkv, group, dim, dtype=dtype, device=q.device)
+        dq = _new_output(nq, hkv, group, dim, dtype=dtype, device=q.device)
         dk_h, dv_h = torch.zeros_like(kh), torch.zeros_like(vh)
         for r0, r1 in _row_chunks(nq, ctx.q_chunk):
             dq_c = _backward_chunk(_chunk_rows(qh, r0, r1), _chunk_rows(doh, r0, r1), kh, vh, lse_h[:, :, r0:r1],

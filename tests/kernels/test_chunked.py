@@ -1,0 +1,179 @@
+"""Chunked CPU sink attention vs the float64 reference: o, dq, dk, dv and dsinks at hostile shapes."""
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+from gptoss_kernels import chunked, sink_attention_chunked, sink_attention_ref
+
+F64 = torch.float64
+NAMES = ("o", "dq", "dk", "dv", "dsinks")
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: int = 1
+    tq: int = 0
+    tk: int = 0
+    lengths: tuple = ()  # packed documents when non-empty
+    hq: int = 4
+    hkv: int = 2
+    window: int | None = None
+    sink: float | None = None  # every sink set to this value; None = random in [-1, 3)
+    q_chunk: int = 16
+    key_chunk: int | None = 24
+    dim: int = 32
+
+
+CASES = {
+    "b2-t113-h4kv2-full": Case(batch=2, tq=113, tk=113),
+    "b2-t113-h4kv2-w17": Case(batch=2, tq=113, tk=113, window=17),
+    "b1-t203-h8kv1-w1": Case(tq=203, tk=203, hq=8, hkv=1, window=1),
+    "b2-t50-h2kv2-w64>T": Case(batch=2, tq=50, tk=50, hq=2, hkv=2, window=64),
+    "varlen-1,0,37,64,5-h4kv2-w9": Case(lengths=(1, 0, 37, 64, 5), window=9),
+    "varlen-1,0,37,64,5-h4kv4-full": Case(lengths=(1, 0, 37, 64, 5), hkv=4),
+    "decode-b2-tq5-tk40-h4kv2-w7": Case(batch=2, tq=5, tk=40, window=7),
+    "decode-b3-tq1-tk33-h8kv1-full": Case(batch=3, tq=1, tk=33, hq=8, hkv=1),
+    "only-sink-s30-b1-t40-w3": Case(tq=40, tk=40, window=3, sink=30.0),
+    "no-sink-b2-t45-full": Case(batch=2, tq=45, tk=45, sink=float("-inf")),
+    "default-chunks-b1-t300-w100": Case(tq=300, tk=300, window=100, q_chunk=chunked.DEFAULT_Q_CHUNK,
+                                        key_chunk=None),
+}
+LOWP_CASES = ["b2-t113-h4kv2-full", "b1-t203-h8kv1-w1", "varlen-1,0,37,64,5-h4kv2-w9",
+              "decode-b2-tq5-tk40-h4kv2-w7"]
+
+
+@pytest.fixture(autouse=True)
+def _nan_outputs(monkeypatch):
+    """Unwritten output rows must show up as NaN, not as whatever memory held."""
+    def nan_buffer(*shape, dtype, device):
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(chunked, "_new_output", nan_buffer)
+
+
+def _make_inputs(case):
+    """float64 leaves (q, k, v, sinks), cu_seqlens or None, and a float64 upstream gradient."""
+    if case.lengths:
+        total = sum(case.lengths)
+        q_shape, k_shape = (total, case.hq, case.dim), (total, case.hkv, case.dim)
+        bounds = torch.tensor([0, *case.lengths]).cumsum(0)
+        cu_seqlens = bounds.to(torch.int32)
+    else:
+        q_shape, k_shape = (case.batch, case.tq, case.hq, case.dim), (case.batch, case.tk, case.hkv, case.dim)
+        cu_seqlens = None
+    q, k, v = torch.randn(q_shape, dtype=F64), torch.randn(k_shape, dtype=F64), torch.randn(k_shape, dtype=F64)
+    if case.sink is None:
+        sinks = torch.rand(case.hq, dtype=F64) * 4 - 1
+    else:
+        sinks = torch.full((case.hq,), case.sink, dtype=F64)
+    return (q, k, v, sinks), cu_seqlens, torch.randn(q_shape, dtype=F64)
+
+
+def _run(fn, leaves, grad_out, dtype, **kwargs):
+    """Output and gradients of fn on leaves cast to dtype (sinks stay float32/float64, as model params)."""
+    sink_dtype = F64 if dtype == F64 else torch.float32
+    inputs = [t.to(dtype).requires_grad_() for t in leaves[:3]] + [leaves[3].to(sink_dtype).requires_grad_()]
+    out = fn(*inputs, **kwargs)
+    grads = torch.autograd.grad(out, inputs, grad_out.to(out.dtype))
+    return [out.to(F64), *(g.to(F64) for g in grads)]
+
+
+def _eager_lowp(q, k, v, sinks, cu_seqlens=None, window=None):
+    """The same math in the input dtype: transformers' GPT-OSS eager, per document when packed."""
+    if cu_seqlens is not None:
+        bounds = cu_seqlens.tolist()
+        pieces = [_eager_lowp(q[None, a:b], k[None, a:b], v[None, a:b], sinks, window=window)[0]
+                  for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        return torch.cat(pieces)
+    tq, tk = q.shape[1], k.shape[1]
+    q_pos, k_pos = torch.arange(tk - tq, tk)[:, None], torch.arange(tk)[None, :]
+    allowed = (k_pos <= q_pos) & (k_pos > q_pos - window if window else True)
+    mask = torch.zeros(tq, tk, dtype=q.dtype).masked_fill(~allowed, float("-inf"))
+    module = type("M", (), dict(sinks=sinks.to(q.dtype), num_key_value_groups=q.shape[2] // k.shape[2],
+                                training=False))
+    out, _ = eager_attention_forward(module, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                     mask[None, None], scaling=q.shape[-1] ** -0.5)
+    return out
+
+
+def _report(name, got, ref):
+    diff = (got - ref).abs()
+    return f"{name}: max|diff|={diff.max().item():.3e} mean|diff|={diff.mean().item():.3e} " \
+           f"max|ref|={ref.abs().max().item():.3e}"
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_chunked_fp32_matches_float64_reference(case):
+    leaves, cu_seqlens, grad_out = _make_inputs(case)
+    kwargs = dict(cu_seqlens=cu_seqlens, window=case.window)
+    ref = _run(sink_attention_ref, leaves, grad_out, F64, **kwargs)
+    got = _run(sink_attention_chunked, leaves, grad_out, torch.float32, q_chunk=case.q_chunk,
+               key_chunk=case.key_chunk, **kwargs)
+    for name, g, r in zip(NAMES, got, ref):
+        assert torch.isfinite(g).all(), f"{name} has non-finite entries"
+        tol = 1e-5 * max(r.abs().max().item(), 1.0)
+        assert (g - r).abs().max().item() <= tol, _report(name, g, r)
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_chunked_float64_is_exact(case):
+    leaves, cu_seqlens, grad_out = _make_inputs(case)
+    kwargs = dict(cu_seqlens=cu_seqlens, window=case.window)
+    ref = _run(sink_attention_ref, leaves, grad_out, F64, **kwargs)
+    got = _run(sink_attention_chunked, leaves, grad_out, F64, q_chunk=case.q_chunk, key_chunk=case.key_chunk,
+               **kwargs)
+    for name, g, r in zip(NAMES, got, ref):
+        assert (g - r).abs().max().item() <= 1e-10 * max(r.abs().max().item(), 1.0), _report(name, g, r)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case_id", LOWP_CASES)
+def test_chunked_low_precision_within_twice_torch_error(case_id, dtype):
+    """|chunked - ref64| <= 2 |eager run in dtype - ref64| + atol, for o and every gradient."""
+    case = CASES[case_id]
+    leaves, cu_seqlens, grad_out = _make_inputs(case)
+    leaves = [t.to(dtype).to(F64) for t in leaves]  # the low-precision inputs are the ground truth's inputs
+    kwargs = dict(cu_seqlens=cu_seqlens, window=case.window)
+    ref = _run(sink_attention_ref, leaves, grad_out, F64, **kwargs)
+    torch_lowp = _run(_eager_lowp, leaves, grad_out, dtype, **kwargs)
+    got = _run(sink_attention_chunked, leaves, grad_out, dtype, q_chunk=case.q_chunk,
+               key_chunk=case.key_chunk, **kwargs)
+    for name, g, t, r in zip(NAMES, got, torch_lowp, ref):
+        bound = 2 * (t - r).abs().max().item() + 1e-3 * max(r.abs().max().item(), 1.0)
+        assert (g - r).abs().max().item() <= bound, f"{_report(name, g, r)}; torch {dtype} {_report(name, t, r)}"
+
+
+def test_lse_includes_the_sink_and_matches_reference():
+    case = CASES["varlen-1,0,37,64,5-h4kv2-w9"]
+    (q, k, v, sinks), cu_seqlens, _ = _make_inputs(case)
+    _, lse = sink_attention_chunked(q, k, v, sinks, cu_seqlens=cu_seqlens, window=9, return_lse=True,
+                                    q_chunk=16, key_chunk=24)
+    _, lse_ref = sink_attention_ref(q, k, v, sinks, cu_seqlens=cu_seqlens, window=9, return_lse=True)
+    assert (lse - lse_ref).abs().max().item() <= 1e-12
+    assert (lse >= sinks).all(), "lse must be at least the sink logit"
+
+
+def test_sinks_without_grad_and_empty_input():
+    q = torch.randn(0, 4, 8)
+    kv = torch.randn(0, 2, 8)
+    out = sink_attention_chunked(q, kv, kv, torch.zeros(4), cu_seqlens=torch.zeros(2, dtype=torch.int32))
+    assert out.shape == (0, 4, 8)
+    q = torch.randn(1, 9, 4, 8, requires_grad=True)
+    kv = torch.randn(1, 9, 2, 8)
+    sink_attention_chunked(q, kv, kv, torch.zeros(4)).sum().backward()
+    assert torch.isfinite(q.grad).all()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(q_chunk=0), "q_chunk"),
+    (dict(key_chunk=-3), "key_chunk"),
+    (dict(scale=-1.0), "scale"),
+    (dict(scale="0.1"), "scale"),
+])
+def test_chunked_rejects_bad_tuning_arguments(kwargs, match):
+    q, kv = torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 8)
+    with pytest.raises(ValueError, match=match):
+        sink_attention_chunked(q, kv, kv, torch.zeros(2), **kwargs)
