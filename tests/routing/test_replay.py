@@ -1,0 +1,164 @@
+"""Routing replay: a perturbed router would route differently; with replay the second pass routes exactly like
+the recorded one (and, when only unselected logits moved, reproduces its log-probs bit for bit)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from transformers import AttentionInterface
+from transformers.models.gpt_oss.modeling_gpt_oss import GptOssTopKRouter
+
+import trl_gptoss  # noqa: F401  (registers fa3_sink when available)
+from trl_gptoss.experts import patch_gpt_oss_experts
+from trl_gptoss.routing import RoutingRecord, record_routing, replay_routing
+from trl_gptoss.testing import tiny_gpt_oss
+
+ATTENTION = ["eager", pytest.param("fa3_sink", marks=pytest.mark.skipif(
+    "fa3_sink" not in AttentionInterface._global_mapping, reason="fa3_sink not registered"))]
+BATCH, LENGTH = 2, 48
+
+
+def token_log_probs(model, input_ids, **kwargs):
+    logits = model(input_ids=input_ids, **kwargs).logits[:, :-1].float()
+    return logits.log_softmax(-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+
+def _batch(seed=0):
+    return torch.randint(0, 512, (BATCH, LENGTH), generator=torch.Generator().manual_seed(seed))
+
+
+def _model(attn, seed=11):
+    model = tiny_gpt_oss(seed=seed, attn_implementation=attn, num_local_experts=8, num_experts_per_tok=2)
+    patch_gpt_oss_experts(model)
+    return model
+
+
+def _perturb_router_weights(model, scale=0.5, seed=5):
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, GptOssTopKRouter):
+                module.weight.add_(torch.randn(module.weight.shape, generator=generator) * scale)
+                module.bias.add_(torch.randn(module.bias.shape, generator=generator) * scale)
+
+
+@contextlib.contextmanager
+def boost_unselected_experts(model, record, boost=30.0):
+    """Simulated router drift: raise the logits of every expert the record did NOT select, leaving the selected
+    logits untouched; an unreplayed router then picks other experts, a replayed one sees unchanged weights."""
+    routers = [m for m in model.modules() if isinstance(m, GptOssTopKRouter)]
+
+    def make_hook(layer):
+        def hook(module, args, output):
+            selected = torch.zeros_like(output[0], dtype=torch.bool)
+            selected.scatter_(-1, record.indices[layer].long(), True)
+            logits = output[0] + boost * (~selected)
+            top_values, top_index = torch.topk(logits, module.top_k, dim=-1)
+            return logits, torch.softmax(top_values, dim=-1), top_index
+        return hook
+
+    handles = [router.register_forward_hook(make_hook(i)) for i, router in enumerate(routers)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _same_routing(a: RoutingRecord, b: RoutingRecord) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.indices, b.indices))
+
+
+@pytest.mark.parametrize("attn", ATTENTION)
+def test_replay_pins_routing_and_log_probs(attn):
+    model, input_ids = _model(attn), _batch()
+    with torch.no_grad(), record_routing(model) as first:
+        first_log_probs = token_log_probs(model, input_ids)
+    assert first.num_tokens == BATCH * LENGTH and first.indices[0].dtype == torch.uint8
+    with torch.no_grad(), boost_unselected_experts(model, first):
+        with record_routing(model) as drifted:
+            drifted_log_probs = token_log_probs(model, input_ids)
+        with replay_routing(model, first), record_routing(model) as replayed:
+            replayed_log_probs = token_log_probs(model, input_ids)
+    assert not _same_routing(drifted, first), "the perturbation must change routing for the test to mean anything"
+    assert (drifted_log_probs - first_log_probs).abs().max() > 1e-2
+    assert _same_routing(replayed, first)
+    assert torch.equal(replayed_log_probs, first_log_probs)
+
+
+def test_replay_with_perturbed_router_weights_keeps_experts_and_router_gradient():
+    model, input_ids = _model("eager"), _batch(1)
+    with torch.no_grad(), record_routing(model) as first:
+        first_log_probs = token_log_probs(model, input_ids)
+    _perturb_router_weights(model)
+    with torch.no_grad(), record_routing(model) as unreplayed:
+        unreplayed_log_probs = token_log_probs(model, input_ids)
+    model.train()
+    with replay_routing(model, first), record_routing(model) as replayed:
+        replayed_log_probs = token_log_probs(model, input_ids)
+        replayed_log_probs.sum().backward()
+    assert not _same_routing(unreplayed, first) and _same_routing(replayed, first)
+    # Same experts, only the recomputed routing weights moved: closer to the first pass than free routing.
+    replay_gap = (replayed_log_probs.detach() - first_log_probs).abs().mean()
+    free_gap = (unreplayed_log_probs - first_log_probs).abs().mean()
+    assert 0 < replay_gap < free_gap
+    for module in model.modules():
+        if isinstance(module, GptOssTopKRouter):
+            assert module.weight.grad is not None and module.weight.grad.abs().sum() > 0
+
+
+def test_replay_of_the_same_model_gives_identical_gradients():
+    """Replayed routing weights are softmax(logits[idx]): same values and same router gradient as upstream."""
+    model, input_ids = _model("eager"), _batch(2)
+    model.train()
+    with record_routing(model) as record:
+        token_log_probs(model, input_ids).sum().backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    with replay_routing(model, record):
+        token_log_probs(model, input_ids).sum().backward()
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, expected[name], rtol=0, atol=0, msg=name)
+
+
+def test_packed_input_record_and_replay():
+    """Packed documents (B=1, restarting position_ids, cu_seq_lens kwargs) record one row per packed token."""
+    model = _model("fa3_sink" if "fa3_sink" in AttentionInterface._global_mapping else "eager")
+    lengths = [13, 30, 21]
+    input_ids = torch.randint(0, 512, (1, sum(lengths)), generator=torch.Generator().manual_seed(3))
+    position_ids = torch.cat([torch.arange(n) for n in lengths])[None]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    packed = dict(position_ids=position_ids, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lengths),
+                  max_length_k=max(lengths), use_cache=False)
+    with torch.no_grad(), record_routing(model) as first:
+        first_log_probs = token_log_probs(model, input_ids, **packed)
+    assert first.num_tokens == sum(lengths)
+    with torch.no_grad(), boost_unselected_experts(model, first), replay_routing(model, first):
+        assert torch.equal(token_log_probs(model, input_ids, **packed), first_log_probs)
+
+
+def test_record_roundtrip_and_narrow(tmp_path):
+    model, input_ids = _model("eager"), _batch()
+    with torch.no_grad(), record_routing(model) as record:
+        full = token_log_probs(model, input_ids)
+    record.save(tmp_path / "routing.pt")
+    loaded = RoutingRecord.load(tmp_path / "routing.pt")
+    assert _same_routing(loaded, record) and loaded.layer_names == record.layer_names
+    second_row = loaded.narrow(LENGTH, LENGTH)  # rows of batch element 1
+    with torch.no_grad(), boost_unselected_experts(model, second_row), replay_routing(model, second_row):
+        assert torch.equal(token_log_probs(model, input_ids[1:]), full[1:])
+    external = RoutingRecord.from_layer_indices(model, [t.long() for t in record.indices])
+    assert _same_routing(external, record)
+
+
+def test_gradient_checkpointing_recompute_is_allowed():
+    model, input_ids = _model("eager"), _batch()
+    model.gradient_checkpointing_enable()
+    model.train()
+    with record_routing(model) as record:
+        token_log_probs(model, input_ids, use_cache=False).sum().backward()
+    with replay_routing(model, record):
+        token_log_probs(model, input_ids, use_cache=False).sum().backward()
+    assert record.num_tokens == BATCH * LENGTH
