@@ -48,6 +48,7 @@ del socket, _no_network
 runpy.run_path("main.py", run_name="__main__")
 """
 _READ_CHUNK = 65536
+CALL_DIR_PREFIX = "trl-gptoss-sandbox-"  # + pid: each process can tell its own leftovers
 _POLL_INTERVAL = 0.05  # how often the reader checks whether the program exited
 _EXIT_GRACE = 0.2
 
@@ -84,7 +85,7 @@ class PythonSandbox:
             raise ValueError(f"code must be a str of Python source, got {type(code).__name__}.")
         start = time.monotonic()
         marker = uuid.uuid4().hex
-        call_dir = tempfile.mkdtemp(prefix="trl-gptoss-sandbox-")
+        call_dir = tempfile.mkdtemp(prefix=f"{CALL_DIR_PREFIX}{os.getpid()}-")
         try:
             with self._uids.uid() as uid:
                 proc = self._launch(code, call_dir, uid, marker)

@@ -1,0 +1,60 @@
+"""Host-side probes used by the sandbox tests: leftover processes and temporary directories."""
+
+import glob
+import os
+import tempfile
+
+from trl_gptoss.tools import isolation
+from trl_gptoss.tools.sandbox import CALL_DIR_PREFIX
+
+TIGHT = dict(wall_seconds=5.0, cpu_seconds=5, address_space_bytes=512 << 20, max_processes=32,
+             file_size_bytes=1 << 20, disk_bytes=8 << 20, output_bytes=64 * 1024)
+
+
+def sandbox_uid_range() -> range:
+    """The uids this test process hands to its sandbox calls (``isolation.UidSlots``)."""
+    first = isolation.UID_BASE + (os.getpid() % (1 << 20)) * isolation.SLOTS_PER_PROCESS
+    return range(first, first + isolation.SLOTS_PER_PROCESS)
+
+
+def processes_of_uids(uids: range) -> list[int]:
+    """Live (non-zombie) host pids whose real uid is in ``uids``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                status = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        real_uid = int(status["Uid"].split()[0])
+        if real_uid in uids and not status["State"].strip().startswith("Z"):
+            found.append(int(entry))
+    return found
+
+
+def own_call_dirs() -> list[str]:
+    """Call directories this test process created and did not remove."""
+    return glob.glob(os.path.join(tempfile.gettempdir(), f"{CALL_DIR_PREFIX}{os.getpid()}-*"))
+
+
+def descendants(pid: int) -> list[int]:
+    """All live descendants of ``pid`` found through /proc (ppid links)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out

@@ -1,0 +1,72 @@
+"""The tool abstraction: schema, argument checking, both Harmony call forms, TRL's function form."""
+
+import sys
+
+import pytest
+from transformers.utils import get_json_schema
+
+from tests.tools.helpers import TIGHT
+from trl_gptoss.tools import PythonSandbox, PythonTool, SandboxLimits, Tool, ToolResult
+
+
+@pytest.fixture(scope="module")
+def tool():
+    return PythonTool(PythonSandbox(SandboxLimits(**TIGHT)), max_chars=300)
+
+
+def test_schema_is_the_harmony_description(tool):
+    assert tool.to_harmony_dict() == {"name": "python", "description": tool.description,
+                                      "parameters": tool.parameters}
+    assert tool.to_openai_dict() == {"type": "function", "function": tool.schema}
+    assert tool.parameters["required"] == ["code"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="runs the sandbox")
+@pytest.mark.parametrize("body", ["print(2 + 3)", '{"code": "print(2 + 3)"}', {"code": "print(2 + 3)"}],
+                         ids=["builtin-raw-code", "function-json", "function-dict"])
+def test_both_call_forms_run_the_code(tool, body):
+    result = tool.call(body)
+    assert result.ok and result.stdout == "5\n"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="runs the sandbox")
+def test_call_many_and_the_trl_function_form(tool):
+    results = tool.call_many(["print(1)", {"code": "print(2)"}, "1/0"])
+    assert [r.stdout for r in results] == ["1\n", "2\n", ""]
+    assert "ZeroDivisionError" in results[2].render()
+    python = tool.as_function()
+    schema = get_json_schema(python)["function"]
+    assert schema["name"] == "python" and schema["parameters"]["required"] == ["code"]
+    assert python("print('x' * 1000)").count("x") < 300
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [('{"code": 1}', "must be a JSON string"), ('{"cmd": "ls"}', "missing arguments"), ("[1]", "JSON object"),
+     ('{"code": "x", "extra": 1}', "unknown arguments"), ("{not json", "not valid JSON")],
+    ids=["wrong-type", "missing", "not-object", "unknown", "bad-json"],
+)
+def test_bad_arguments_raise_value_error(tool, body, message):
+    with pytest.raises(ValueError, match=message):
+        tool.parse_arguments(body)
+
+
+def test_custom_tool_checks_its_declaration():
+    class Add(Tool):
+        name = "add"
+        description = "Add two integers."
+        parameters = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                      "required": ["a", "b"]}
+
+        def _invoke(self, arguments):
+            return ToolResult(str(arguments["a"] + arguments["b"]), "", 0, False, False, 0.0, "none")
+
+    assert Add().call('{"a": 2, "b": 40}').stdout == "42"
+    with pytest.raises(ValueError, match="must be a JSON integer"):
+        Add().call({"a": True, "b": 1})
+
+    class BadName(Add):
+        name = "functions.add"
+
+    with pytest.raises(ValueError, match="Tool name"):
+        BadName()

@@ -1,0 +1,85 @@
+"""Sandbox behaviour that is not an attack: results, exit codes, limits validation, concurrency."""
+
+import os
+import sys
+import time
+
+import pytest
+
+from tests.tools.helpers import TIGHT, descendants, own_call_dirs, processes_of_uids, sandbox_uid_range
+from trl_gptoss.tools import PythonSandbox, SandboxLimits, ToolResult
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox uses Linux rlimits and /proc")
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    return PythonSandbox(SandboxLimits(**TIGHT), max_concurrency=16)
+
+
+def test_prints_and_exit_codes(sandbox):
+    ok = sandbox.run("print(6 * 7)")
+    assert (ok.stdout, ok.stderr, ok.exit_code, ok.ok) == ("42\n", "", 0, True)
+    failed = sandbox.run("import sys\nprint('before')\nsys.exit(3)")
+    assert failed.exit_code == 3 and failed.stdout == "before\n" and not failed.ok
+    raised = sandbox.run("raise KeyError('missing')")
+    assert raised.exit_code == 1 and "KeyError: 'missing'" in raised.stderr
+    killed = sandbox.run("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)")
+    assert killed.exit_code == -11, killed
+
+
+def test_numpy_is_importable_within_the_address_space_limit(sandbox):
+    pytest.importorskip("numpy")
+    result = sandbox.run("import numpy as np\nprint(int(np.arange(10).sum()))")
+    assert result.ok, result.stderr
+    assert result.stdout.strip() == "45"
+
+
+def test_non_utf8_and_empty_programs(sandbox):
+    assert sandbox.run("").render() == "[no output]"
+    binary = sandbox.run("import sys\nsys.stdout.buffer.write(b'\\xff\\xfeok')")
+    assert binary.ok and binary.stdout.endswith("ok")
+
+
+@pytest.mark.slow
+def test_two_hundred_concurrent_calls_complete(sandbox):
+    codes = [f"import time\ntime.sleep(0.05)\nprint({i} ** 2)" for i in range(200)]
+    start = time.monotonic()
+    results = sandbox.run_many(codes)
+    elapsed = time.monotonic() - start
+    assert [r.stdout for r in results] == [f"{i ** 2}\n" for i in range(200)]
+    assert all(r.ok for r in results)
+    assert elapsed < sum(r.wall_time for r in results) / 4, "calls were serialised"
+    assert processes_of_uids(sandbox_uid_range()) == [] and own_call_dirs() == []
+    assert descendants(os.getpid()) == []
+
+
+@pytest.mark.parametrize("bad", [dict(wall_seconds=0), dict(max_processes=1), dict(address_space_bytes=1 << 20),
+                                 dict(output_bytes=-5), dict(cpu_seconds="10")], ids=lambda d: next(iter(d)))
+def test_bad_limits_raise_value_error(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        SandboxLimits(**bad)
+
+
+def test_bad_arguments_raise_value_error(sandbox):
+    with pytest.raises(ValueError, match="isolation"):
+        PythonSandbox(isolation="docker")
+    with pytest.raises(ValueError, match="max_concurrency"):
+        PythonSandbox(max_concurrency=0)
+    with pytest.raises(ValueError, match="code must be a str"):
+        sandbox.run(b"print(1)")
+
+
+def test_render_puts_errors_last_and_clips_the_middle():
+    result = ToolResult(stdout="a" * 5000 + "END", stderr="Traceback\nValueError: boom\n", exit_code=1,
+                        timed_out=False, truncated=False, wall_time=0.1)
+    text = result.render(max_chars=1000)
+    assert len(text) <= 1000
+    assert text.startswith("aaa") and "characters omitted" in text
+    assert text.rstrip().endswith("[exit status 1]") and "ValueError: boom" in text
+    message = result.to_message("python", max_chars=1000)
+    assert message == {"role": "tool", "name": "python", "content": text}
+    timeout = ToolResult("", "", -9, True, False, 2.0)
+    assert timeout.render() == "[timed out after 2.0 s; the program was killed]"
+    with pytest.raises(ValueError, match="max_chars"):
+        result.render(max_chars=10)

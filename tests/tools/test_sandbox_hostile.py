@@ -1,0 +1,187 @@
+"""Hostile-code corpus: each case is contained, the host is unaffected, nothing is left behind.
+
+Limits are tight (32 processes, 512 MiB address space, 5 s wall) so a failure cannot hurt the shared
+machine. Every case runs under the strongest isolation the host offers; the fallback level has its own
+cases in ``test_sandbox_fallback.py``.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.tools.helpers import TIGHT, descendants, own_call_dirs, processes_of_uids, sandbox_uid_range
+from trl_gptoss.tools import PythonSandbox, SandboxLimits, detect_isolation
+
+pytestmark = [
+    pytest.mark.skipif(sys.platform != "linux", reason="the sandbox uses Linux rlimits and /proc"),
+    pytest.mark.skipif(detect_isolation() != "namespaces", reason="needs root + unshare (namespace isolation)"),
+]
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    return PythonSandbox(SandboxLimits(**TIGHT))
+
+
+@pytest.fixture(scope="module")
+def short_clock():
+    """Cases that only end at the wall clock use 1.5 s to keep the suite fast."""
+    return PythonSandbox(SandboxLimits(**{**TIGHT, "wall_seconds": 1.5}))
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_behind():
+    """After every case: no process of the sandbox uids, no descendant of this process, no call dir."""
+    yield
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and (processes_of_uids(sandbox_uid_range()) or descendants(os.getpid())):
+        time.sleep(0.05)  # the kernel tears a PID namespace down asynchronously
+    assert processes_of_uids(sandbox_uid_range()) == [], "a sandboxed process outlived its call"
+    assert descendants(os.getpid()) == [], "a child of the test process outlived the call"
+    assert own_call_dirs() == [], "a call's temporary directory was not removed"
+
+
+def test_infinite_loop_is_killed_at_the_wall_clock(short_clock):
+    result = short_clock.run("while True:\n    pass\n")
+    assert result.timed_out and not result.ok
+    assert 1.5 <= result.wall_time < 1.5 + 2.0
+    assert "timed out" in result.render()
+
+
+def test_fork_bomb_is_capped_by_the_process_limit(sandbox):
+    code = "import os\nwhile True:\n    os.fork()\n"
+    result = sandbox.run(code)
+    assert not result.ok
+    assert "BlockingIOError" in result.stderr or result.timed_out
+    # The host can still start processes.
+    assert subprocess.run(["true"]).returncode == 0
+
+
+def test_memory_bomb_hits_the_address_space_limit(sandbox):
+    result = sandbox.run("blocks = []\nwhile True:\n    blocks.append(bytearray(64 << 20))\n")
+    assert result.exit_code != 0 and not result.timed_out
+    assert "MemoryError" in result.stderr
+
+
+def test_writes_outside_the_working_dir_never_reach_the_host(sandbox, tmp_path):
+    target = tmp_path / "escape.txt"
+    os.chmod(tmp_path, 0o777)  # even a world-writable host directory must stay untouched
+    code = (
+        "import os\n"
+        f"for path in [{str(target)!r}, '/work/escape.txt', '/etc/escape.txt', '/root/escape.txt']:\n"
+        "    try:\n"
+        "        open(path, 'w').write('pwned')\n"
+        "        print('wrote', path)\n"
+        "    except OSError as exc:\n"
+        "        print('blocked', path, type(exc).__name__)\n"
+        "open('inside.txt', 'w').write('fine')\n"
+        "print('inside ok', os.path.getsize('inside.txt'), os.getcwd())\n"
+    )
+    result = sandbox.run(code)
+    assert result.ok, result.stderr
+    assert "inside ok 4" in result.stdout
+    assert not target.exists()
+    assert not os.path.exists("/work/escape.txt") and not os.path.exists("/etc/escape.txt")
+    assert "wrote" not in result.stdout and result.stdout.count("blocked") == 4
+
+
+def test_secret_environment_of_the_parent_is_not_visible(sandbox, monkeypatch):
+    monkeypatch.setenv("TRL_GPTOSS_TEST_SECRET", "hunter2-token")
+    code = (
+        "import os\n"
+        "print(sorted(os.environ))\n"
+        f"for pid in ['1', {str(os.getpid())!r}, 'self']:\n"
+        "    try:\n"
+        "        print(pid, open(f'/proc/{pid}/environ', 'rb').read())\n"
+        "    except OSError as exc:\n"
+        "        print(pid, 'unreadable', type(exc).__name__)\n"
+    )
+    result = sandbox.run(code)
+    assert result.exit_code == 0, result.stderr
+    assert "hunter2-token" not in result.stdout + result.stderr
+    assert "TRL_GPTOSS_TEST_SECRET" not in result.stdout
+
+
+def test_network_connection_to_a_host_listener_fails(sandbox):
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        server.settimeout(0.2)
+        port = server.getsockname()[1]
+        code = (
+            "import socket\n"
+            f"for addr in [('127.0.0.1', {port}), ('1.1.1.1', 53)]:\n"
+            "    try:\n"
+            "        socket.create_connection(addr, timeout=1).close()\n"
+            "        print('connected', addr)\n"
+            "    except OSError as exc:\n"
+            "        print('refused', addr, type(exc).__name__)\n"
+        )
+        result = sandbox.run(code)
+        with pytest.raises(TimeoutError):
+            server.accept()
+    assert result.exit_code == 0, result.stderr
+    assert "connected" not in result.stdout and result.stdout.count("refused") == 2
+
+
+def test_hundred_megabytes_of_output_is_truncated_without_buffering_it(sandbox):
+    code = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(100):\n    sys.stdout.write(chunk)\n"
+    result = sandbox.run(code)
+    assert result.truncated and not result.ok
+    assert len(result.stdout) + len(result.stderr) <= TIGHT["output_bytes"]
+    assert result.wall_time < TIGHT["wall_seconds"]
+    assert len(result.render(max_chars=500)) <= 500
+
+
+def test_daemon_that_outlives_the_call_is_killed(sandbox):
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "print('parent leaves')\n"
+    )
+    result = sandbox.run(code)
+    assert result.ok and "parent leaves" in result.stdout
+    assert result.wall_time < 2.0, "a daemon holding the output pipes must not stall the call"
+    # _nothing_left_behind then asserts the grandchild is gone.
+
+
+def test_killing_the_parent_and_everyone_else_fails(sandbox):
+    sentinel = subprocess.Popen(["sleep", "30"])
+    try:
+        code = (
+            "import os, signal\n"
+            f"for pid in [os.getppid(), 1, {os.getpid()}, {sentinel.pid}, -1]:\n"
+            "    try:\n"
+            "        os.kill(pid, signal.SIGKILL)\n"
+            "        print('sent', pid)\n"
+            "    except OSError as exc:\n"
+            "        print('denied', pid, type(exc).__name__)\n"
+            "print('still here')\n"
+        )
+        result = sandbox.run(code)
+        assert sentinel.poll() is None, "the sandbox killed a host process"
+    finally:
+        sentinel.kill()
+        sentinel.wait()
+    assert f"sent {sentinel.pid}" not in result.stdout and f"sent {os.getpid()}" not in result.stdout
+
+
+def test_deep_recursion_is_contained(short_clock):
+    code = "import sys\nsys.setrecursionlimit(10**7)\ndef f(n):\n    return f(n + 1)\nf(0)\n"
+    result = short_clock.run(code)
+    assert result.exit_code != 0
+    assert not result.ok
+
+
+def test_large_file_is_capped_by_the_file_size_limit(sandbox):
+    code = "with open('big.bin', 'wb') as f:\n    f.write(b'0' * (4 << 20))\n"
+    result = sandbox.run(code)
+    assert not result.ok  # SIGXFSZ or EFBIG at 1 MiB
