@@ -1,0 +1,110 @@
+"""Public ``sink_attention``: backend choice (logged once), forced backends, and bad input."""
+
+import logging
+
+import pytest
+import torch
+
+import gptoss_kernels
+from gptoss_kernels import attention, select_backend, sink_attention, sink_attention_ref
+
+
+def _qkv(batch=1, tq=6, tk=6, hq=4, hkv=2, dim=8, dtype=torch.float32):
+    return (torch.randn(batch, tq, hq, dim, dtype=dtype), torch.randn(batch, tk, hkv, dim, dtype=dtype),
+            torch.randn(batch, tk, hkv, dim, dtype=dtype), torch.randn(hq))
+
+
+def test_auto_on_cpu_is_chunked_and_logged_once(caplog, monkeypatch):
+    monkeypatch.setattr(attention, "_LOGGED", set())
+    q, k, v, sinks = _qkv()
+    with caplog.at_level(logging.INFO, logger="gptoss_kernels"):
+        sink_attention(q, k, v, sinks)
+        sink_attention(q, k, v, sinks)
+    messages = [r.getMessage() for r in caplog.records if r.name == "gptoss_kernels"]
+    assert len(messages) == 1 and "chunked" in messages[0], messages
+    assert select_backend(q, k, None, None)[0] == "chunked"
+
+
+@pytest.mark.parametrize("backend", ["chunked", "reference", "auto"])
+def test_backends_agree_on_decode_layout(backend):
+    q, k, v, sinks = _qkv(batch=2, tq=3, tk=11)
+    got = sink_attention(q, k, v, sinks, window=4, backend=backend)
+    want = sink_attention_ref(q.double(), k.double(), v.double(), sinks.double(), window=4)
+    assert (got.double() - want).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("backend, match", [
+    ("flash", "backend must be one of"),
+    ("triton", "not on CUDA"),
+    ("fa4", "flash-attn-4"),
+])
+def test_unavailable_or_unknown_backend_raises(backend, match):
+    q, k, v, sinks = _qkv()
+    with pytest.raises(ValueError, match=match):
+        sink_attention(q, k, v, sinks, backend=backend)
+
+
+def _bad(**changes):
+    q, k, v, sinks = _qkv()
+    args = dict(q=q, k=k, v=v, sinks=sinks, cu_seqlens=None, window=None)
+    args.update(changes)
+    return args
+
+
+BAD_INPUTS = {
+    "q-rank-3-without-cu_seqlens": (_bad(q=torch.randn(6, 4, 8)), "4-D"),
+    "k-rank-5": (_bad(k=torch.randn(1, 6, 2, 8, 1)), "4-D"),
+    "int-dtype": (_bad(q=torch.ones(1, 6, 4, 8, dtype=torch.int64)), "dtype"),
+    "mixed-dtype": (_bad(k=torch.randn(1, 6, 2, 8, dtype=torch.float64)), "share a dtype"),
+    "k-on-meta-device": (_bad(k=torch.empty(1, 6, 2, 8, device="meta")), "device"),
+    "head-dim-mismatch": (_bad(k=torch.randn(1, 6, 2, 4), v=torch.randn(1, 6, 2, 4)), "head_dim"),
+    "hq-not-multiple-of-hkv": (_bad(k=torch.randn(1, 6, 3, 8), v=torch.randn(1, 6, 3, 8)), "multiple"),
+    "k-shorter-than-q": (_bad(k=torch.randn(1, 5, 2, 8), v=torch.randn(1, 5, 2, 8)), "at least q's length"),
+    "sinks-wrong-length": (_bad(sinks=torch.zeros(3)), r"shape \(4,\)"),
+    "sinks-none": (_bad(sinks=None), "sinks is None"),
+    "window-zero": (_bad(window=0), "window"),
+    "window-negative": (_bad(window=-2), "window"),
+    "window-float": (_bad(window=2.0), "window"),
+}
+
+
+@pytest.mark.parametrize("args, match", BAD_INPUTS.values(), ids=BAD_INPUTS.keys())
+@pytest.mark.parametrize("fn", [sink_attention, gptoss_kernels.sink_attention_chunked], ids=["public", "chunked"])
+def test_bad_batched_input_raises_value_error(fn, args, match):
+    args = dict(args)
+    tensors = [args.pop(name) for name in ("q", "k", "v", "sinks")]
+    with pytest.raises(ValueError, match=match):
+        fn(*tensors, **args)
+
+
+BAD_CU_SEQLENS = {
+    "int64": (torch.tensor([0, 3, 6]), "int32"),
+    "non-monotonic": (torch.tensor([0, 4, 2, 6], dtype=torch.int32), "non-decreasing"),
+    "not-starting-at-0": (torch.tensor([1, 6], dtype=torch.int32), "start at 0"),
+    "wrong-total": (torch.tensor([0, 3, 5], dtype=torch.int32), "packed token count"),
+    "2-d": (torch.tensor([[0, 6]], dtype=torch.int32), "1-D"),
+}
+
+
+@pytest.mark.parametrize("cu_seqlens, match", BAD_CU_SEQLENS.values(), ids=BAD_CU_SEQLENS.keys())
+def test_bad_cu_seqlens_raises_value_error(cu_seqlens, match):
+    q, kv = torch.randn(6, 4, 8), torch.randn(6, 2, 8)
+    with pytest.raises(ValueError, match=match):
+        sink_attention(q, kv, kv, torch.zeros(4), cu_seqlens=cu_seqlens)
+
+
+@pytest.mark.gpu
+def test_fa4_matches_reference_on_sm90():
+    """Only meaningful on an SM90+ GPU with flash-attn-4 installed; skipped everywhere else."""
+    from gptoss_kernels.fa4 import fa4_available
+
+    if not fa4_available():
+        pytest.skip("flash-attn-4 on SM90+ is not available")
+    q, k, v, sinks = (t.cuda() for t in _qkv(batch=2, tq=300, tk=300, hq=8, hkv=2, dim=64))
+    q, k, v = (t.bfloat16().requires_grad_() for t in (q, k, v))
+    sinks.requires_grad_()
+    out = sink_attention(q, k, v, sinks, window=128, backend="fa4")
+    ref = sink_attention_ref(q.double(), k.double(), v.double(), sinks.double(), window=128)
+    assert (out.double() - ref).abs().max().item() <= 2e-2
+    out.sum().backward()
+    assert sinks.grad is not None and torch.isfinite(sinks.grad).all()
