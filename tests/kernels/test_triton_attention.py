@@ -42,6 +42,8 @@ CASES = {
     "varlen-0-1-win5-gqa8": Case((1, 0, 50, 7), 8, 1, window=5),
     "scale0.3-win16": Case((45,), 2, 1, window=16, scale=0.3),
     "sink30-only-sink-matters": Case((3, 21), 2, 1, window=4, sink_low=30.0, sink_high=30.0),
+    "sink-minus-inf-is-plain-attention": Case((1, 26), 2, 1, window=6, blocks=(16, 32),
+                                              sink_low=float("-inf"), sink_high=float("-inf")),
 }
 LOWP_CASES = {
     "bf16-T37-full-gqa2-d64": (Case((37,), 4, 2, d=64), torch.bfloat16),
@@ -65,7 +67,11 @@ def _inputs(case, dtype=torch.float64):
     q = torch.randn(total, case.hq, case.d, dtype=torch.float64)
     k = torch.randn(total, case.hkv, case.d, dtype=torch.float64)
     v = torch.randn(total, case.hkv, case.d, dtype=torch.float64)
-    sinks = torch.empty(case.hq, dtype=torch.float64).uniform_(case.sink_low, case.sink_high)
+    sinks = torch.rand(case.hq, dtype=torch.float64)
+    if case.sink_low == case.sink_high:  # a constant (possibly -inf) sink for every head
+        sinks.fill_(case.sink_low)
+    else:
+        sinks = case.sink_low + (case.sink_high - case.sink_low) * sinks
     do = torch.randn(total, case.hq, case.d, dtype=torch.float64)
     return [t.to(dtype) for t in (q, k, v)] + [sinks, do.to(dtype)]
 

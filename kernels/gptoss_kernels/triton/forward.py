@@ -9,8 +9,9 @@ and ``sink2 = sinks[h]*log2(e)``::
         l_i = a*l_i + rowsum(p);       acc_i = a*acc_i + p @ V;  m_i = m_new
     o_i = acc_i / l_i;   lse_i = ln2 * (m_i + log2 l_i)   # natural log, sink included
 
-Because m starts finite, masked scores (-inf) give exp2(-inf) = 0, never NaN, and a row that sees no key
-ends with lse = sink, o = 0 exactly.
+Because m starts at the (finite) sink, masked scores (-inf) give exp2(-inf) = 0, never NaN, and a row that
+sees no key ends with lse = sink, o = 0 exactly. ``sinks[h] = -inf`` is plain causal attention (l starts at
+an empty sum once the first key rescales it by exp2(-inf) = 0).
 """
 
 from __future__ import annotations
@@ -62,13 +63,18 @@ def _sink_attention_fwd_kernel(
         s = _dot(q, k_t, F32_DOT) * qk_scale
         s = tl.where(_allowed(offs_m, offs_n, seq_len, window, HAS_WINDOW), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(s - m_new[:, None])
+        # A sink of -inf means "no sink": until a row meets its first key its max is -inf, and
+        # exp2(-inf - -inf) would be NaN, so exponentiate against 0 instead (every term is 0 then).
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_ref)
+        p = tl.math.exp2(s - m_ref[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         # p is rounded to V's dtype before the product, as every FlashAttention kernel does.
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32_DOT)
         m_i = m_new
 
+    # l is 0 only for padding rows past the document end under a -inf sink; they are never stored.
+    l_i = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_i[:, None]
     lse = (m_i + tl.math.log2(l_i)) * LN2
     tl.store(OUT + (bos + offs_m)[:, None] * stride_ot + i_h * stride_oh + offs_d[None, :],
