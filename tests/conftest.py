@@ -21,3 +21,23 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+# A tiny GPT-OSS served by a real vLLM engine, shared by every test of one pytest worker. Tests that use it
+# carry `pytest.mark.xdist_group("vllm")` so that xdist sends them all to one worker: one server per run.
+TINY_SERVED_OVERRIDES = dict(initializer_range=0.15)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    from trl_gptoss.testing import save_tiny_checkpoint
+
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny-gpt-oss"), seed=0, **TINY_SERVED_OVERRIDES)
+
+
+@pytest.fixture(scope="session")
+def vllm_tiny_server(tiny_checkpoint):
+    from trl_gptoss.testing import vllm_server
+
+    with vllm_server(tiny_checkpoint, max_model_len=1024) as server:
+        yield server

@@ -23,8 +23,8 @@ _TINY_DEFAULTS = dict(
     num_local_experts=4,
     num_experts_per_tok=2,
     sliding_window=32,
-    max_position_embeddings=4096,
-    rope_parameters={"rope_type": "default", "rope_theta": 150000.0},
+    # GPT-OSS's own yarn RoPE (factor 32 over 4096 positions) is kept: vLLM's GPT-OSS reads its yarn fields.
+    max_position_embeddings=131072,
     tie_word_embeddings=False,
 )
 
