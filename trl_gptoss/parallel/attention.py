@@ -130,6 +130,8 @@ def ulysses_attention_forward(module, query, key, value, attention_mask, scaling
     view = _HeadSliceView(module, sinks, query.shape[1] // key.shape[1])
     positions = state.positions(local_positions, query.shape[0])
     window = kwargs.pop("sliding_window", None)
+    for local_only in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"):
+        kwargs.pop(local_only, None)  # documents are taken from the gathered positions instead
     if inner == "eager":
         mask = state.masks.get(window)
         if mask is None:

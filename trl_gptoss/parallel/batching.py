@@ -92,8 +92,11 @@ def unpack_token_values(values: torch.Tensor, packed: PackedRows) -> torch.Tenso
 
 
 def token_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """``logits [N, V]``, ``labels [N]`` -> ``log softmax(logits)[i, labels[i]]`` in fp32, 0 where ignored."""
+    """``logits [N, V]``, ``labels [N]`` -> ``log softmax(logits)[i, labels[i]]``, 0 where ignored.
+
+    Computed in fp32 (fp64 for fp64 logits): bf16 log-softmax over a large vocabulary loses the ratio.
+    """
     ignored = labels == IGNORE_INDEX
-    logps = torch.log_softmax(logits.float(), dim=-1)
+    logps = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
     picked = logps.gather(-1, labels.masked_fill(ignored, 0)[:, None])[:, 0]
     return picked.masked_fill(ignored, 0.0)

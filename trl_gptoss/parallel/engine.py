@@ -138,7 +138,7 @@ def prepare_context_parallel(accelerator, model, plugin: ContextParallelPlugin |
     module = accelerator.unwrap_model(model) if accelerator is not None else getattr(model, "module", model)
     plugin.check_world(_world_size(accelerator))
     plugin.check_model(module.config)
-    if getattr(module, "is_gradient_checkpointing", False):
+    if getattr(module, "is_activation_checkpointing", False):
         raise ValueError("gradient checkpointing recomputes attention outside the sharded forward; disable it "
                          "(context parallelism already divides activation memory by sp_size)")
     module.set_attn_implementation(register_ulysses_attention(plugin.inner_attention))
