@@ -1,6 +1,9 @@
 """Triton sink-attention kernels (CPU interpreter) vs the float64 reference: o, lse, dq, dk, dv, dsinks."""
 
+import json
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
 
@@ -147,7 +150,7 @@ def test_lse_includes_the_sink(case):
     sinks = sinks.float()
     cu = _cu_seqlens(case.lens)
     scale = case.d ** -0.5 if case.scale is None else case.scale
-    o, lse = launchers.sink_attention_fwd(q, k, v, sinks, cu, max(case.lens), case.window, scale, *case.blocks)
+    o, lse = launchers.sink_attention_fwd(q, k, v, sinks, cu, max(case.lens), case.window, scale, case.blocks)
     o_ref, lse_ref = sink_attention_ref(q.double(), k.double(), v.double(), sinks.double(), cu_seqlens=cu,
                                         window=case.window, scale=case.scale, return_lse=True)
     _assert_close("lse", lse, lse_ref, 1e-5 * max(lse_ref.abs().max().item(), 1.0))
@@ -230,6 +233,24 @@ def test_bad_input_raises_value_error(overrides, message):
     args = _valid_args(**overrides)
     with pytest.raises(ValueError, match=message):
         sink_attention_triton(args.pop("q"), args.pop("k"), args.pop("v"), args.pop("sinks"), **args)
+
+
+AOT_TARGETS = {"sm90-bf16-window128": ["--arch", "90", "--dtype", "bf16", "--window", "128"],
+               "sm80-fp16-full": ["--arch", "80", "--dtype", "fp16"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", AOT_TARGETS.values(), ids=AOT_TARGETS.keys())
+def test_kernels_compile_to_cubin_for_cuda(args, tmp_path):
+    """The interpreter accepts code the compiler rejects; lower all four kernels to a cubin (no GPU needed)."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
+    run = subprocess.run([sys.executable, "-m", "gptoss_kernels.triton.aot", *args], env=env,
+                         capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    records = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(records) == 4 and all(r["has_cubin"] for r in records), records
+    assert max(r["shared_bytes"] for r in records) <= 99 * 1024  # fits every sm80+ GPU, consumer ones too
 
 
 @pytest.mark.gpu

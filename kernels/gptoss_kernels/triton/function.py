@@ -4,32 +4,26 @@ from __future__ import annotations
 
 import torch
 
-from gptoss_kernels.triton.launchers import (
-    _check_block,
-    check_triton_inputs,
-    default_block_sizes,
-    sink_attention_bwd,
-    sink_attention_fwd,
-)
+from gptoss_kernels.triton.launchers import check_triton_inputs, launch_config, sink_attention_bwd, sink_attention_fwd
 
 
 class SinkAttentionTritonFunction(torch.autograd.Function):
     """Saves the inputs, ``o`` and the sink-inclusive ``lse``; the backward recomputes probabilities."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_m, block_n):
-        o, lse = sink_attention_fwd(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_m, block_n)
+    def forward(ctx, q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_sizes):
+        o, lse = sink_attention_fwd(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_sizes)
         ctx.save_for_backward(q, k, v, sinks, o, lse, cu_seqlens)
-        ctx.launch_args = (max_seqlen, window, scale, block_m, block_n)
+        ctx.launch_args = (max_seqlen, window, scale, block_sizes)
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, sinks, o, lse, cu_seqlens = ctx.saved_tensors
-        max_seqlen, window, scale, block_m, block_n = ctx.launch_args
+        max_seqlen, window, scale, block_sizes = ctx.launch_args
         dq, dk, dv, dsinks = sink_attention_bwd(
-            q, k, v, sinks, o, lse, do.contiguous(), cu_seqlens, max_seqlen, window, scale, block_m, block_n)
-        return dq, dk, dv, dsinks, None, None, None, None, None, None
+            q, k, v, sinks, o, lse, do.contiguous(), cu_seqlens, max_seqlen, window, scale, block_sizes)
+        return dq, dk, dv, dsinks, None, None, None, None, None
 
 
 def sink_attention_triton(q, k, v, sinks, *, cu_seqlens, max_seqlen, window=None, scale=None,
@@ -53,16 +47,15 @@ def sink_attention_triton(q, k, v, sinks, *, cu_seqlens, max_seqlen, window=None
         max_seqlen: int, at least the longest document.
         window: None (full causal) or a positive int.
         scale: score scale, default ``D ** -0.5``. The sink logit is not scaled.
-        block_sizes: optional ``(BLOCK_M, BLOCK_N)`` powers of two >= 16; default picked from the device.
+        block_sizes: optional ``(BLOCK_M, BLOCK_N)`` powers of two >= 16 for every pass (tests, tuning);
+            default picked per pass from the device (``launchers.launch_config``).
 
     Returns:
         ``o``: ``[total, Hq, D]`` in q's dtype. Differentiable in q, k, v and sinks.
     """
     check_triton_inputs(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale)
-    block_m, block_n = block_sizes if block_sizes is not None else default_block_sizes(q.device, q.shape[-1])
-    _check_block("BLOCK_M", block_m)
-    _check_block("BLOCK_N", block_n)
+    if block_sizes is not None:
+        launch_config(q.device.type, q.shape[-1], backward=False, block_sizes=block_sizes)  # validates them
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     q, k, v = (t.contiguous() for t in (q, k, v))
-    return SinkAttentionTritonFunction.apply(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale,
-                                             block_m, block_n)
+    return SinkAttentionTritonFunction.apply(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_sizes)

@@ -8,6 +8,7 @@ lives in ``function.py``.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -63,27 +64,47 @@ def check_triton_inputs(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale):
         raise ValueError(f"scale must be a positive finite float (default head_dim**-0.5), got {scale!r}")
 
 
-def default_block_sizes(device, head_dim):
-    """``(BLOCK_M, BLOCK_N)``: FlashAttention-2 sizes on CUDA, small tiles under the (slow) interpreter."""
-    if device.type != "cuda":
-        return 32, 32
-    return (128, 64) if head_dim <= 64 else (64, 64)
+class LaunchConfig(NamedTuple):
+    """Tile sizes and CUDA launch options of one pass (forward, or the dQ and dK/dV backward kernels)."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
 
 
-def _launch_options(device, head_dim):
-    if device.type != "cuda":
-        return {}
-    return {"num_warps": 4 if head_dim <= 64 else 8, "num_stages": 2}
+def launch_config(device_type, head_dim, backward, block_sizes=None, dtype=torch.bfloat16):
+    """``LaunchConfig`` for one pass: the caller's ``(BLOCK_M, BLOCK_N)``, 32x32 under the slow interpreter,
+    or FlashAttention-2 tiles on CUDA: fwd 128x64 for 16-bit D <= 64 (fp32 tiles take twice the shared
+    memory, so 64x64 there), bwd 64x64 so the dK, dV, Q and dO tiles stay in registers."""
+    if block_sizes is not None:
+        block_m, block_n = block_sizes
+        _check_block("BLOCK_M", block_m)
+        _check_block("BLOCK_N", block_n)
+    elif device_type != "cuda":
+        block_m, block_n = 32, 32
+    elif backward or head_dim > 64 or dtype == torch.float32:
+        block_m, block_n = 64, 64
+    else:
+        block_m, block_n = 128, 64
+    num_warps = 8 if block_m * max(block_n, head_dim) >= 128 * 64 else 4
+    return LaunchConfig(block_m, block_n, num_warps, 2 if backward or dtype == torch.float32 else 3)
 
 
-def _common_meta(q, k, window, block_m, block_n):
+def kernel_meta(dtype, group, head_dim, has_window, config):
+    """Compile-time arguments shared by the forward, dQ and dK/dV kernels (also used by ``aot.py``)."""
     return {
-        "GROUP": q.shape[1] // k.shape[1], "HEAD_DIM": q.shape[2], "BLOCK_M": block_m, "BLOCK_N": block_n,
-        "HAS_WINDOW": window is not None, "F32_DOT": q.dtype == torch.float32 or INTERPRETED,
+        "GROUP": group, "HEAD_DIM": head_dim, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
+        "HAS_WINDOW": has_window, "F32_DOT": dtype == torch.float32 or INTERPRETED,
+        "num_warps": config.num_warps, "num_stages": config.num_stages,
     }
 
 
-def sink_attention_fwd(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_m, block_n):
+def _meta(q, k, window, config):
+    return kernel_meta(q.dtype, q.shape[1] // k.shape[1], q.shape[2], window is not None, config)
+
+
+def sink_attention_fwd(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_sizes=None):
     """Forward launch. Returns ``o [total, Hq, D]`` (q's dtype), ``lse [total, Hq]`` (fp32, sink included)."""
     total, num_heads, head_dim = q.shape
     o = _new_output(q.shape, q.dtype, q.device)
@@ -91,14 +112,14 @@ def sink_attention_fwd(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, bl
     n_seqs = cu_seqlens.numel() - 1
     if total == 0 or max_seqlen == 0:
         return o, lse
+    config = launch_config(q.device.type, head_dim, backward=False, block_sizes=block_sizes, dtype=q.dtype)
     sinks32 = sinks.detach().to(torch.float32).contiguous()
-    grid = (n_seqs * num_heads, triton.cdiv(max_seqlen, block_m))
+    grid = (n_seqs * num_heads, triton.cdiv(max_seqlen, config.block_m))
     _sink_attention_fwd_kernel[grid](
         q, k, v, sinks32, o, lse, cu_seqlens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         o.stride(0), o.stride(1), lse.stride(0), scale, window or 0,
-        NUM_HEADS=num_heads, **_common_meta(q, k, window, block_m, block_n),
-        **_launch_options(q.device, head_dim),
+        NUM_HEADS=num_heads, **_meta(q, k, window, config),
     )
     return o, lse
 
@@ -120,7 +141,7 @@ def sink_attention_bwd_preprocess(o, do, lse, sinks):
     return delta, -dsink_rows.sum(0)
 
 
-def sink_attention_bwd(q, k, v, sinks, o, lse, do, cu_seqlens, max_seqlen, window, scale, block_m, block_n):
+def sink_attention_bwd(q, k, v, sinks, o, lse, do, cu_seqlens, max_seqlen, window, scale, block_sizes=None):
     """Backward launch. Returns ``dq, dk, dv`` (in q/k/v's dtype) and ``dsinks`` (in sinks' dtype)."""
     total, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
@@ -131,17 +152,17 @@ def sink_attention_bwd(q, k, v, sinks, o, lse, do, cu_seqlens, max_seqlen, windo
     if total == 0 or max_seqlen == 0:
         return dq, dk, dv, dsinks.to(sinks.dtype)
     n_seqs = cu_seqlens.numel() - 1
-    meta = _common_meta(q, k, window, block_m, block_n)
-    options = _launch_options(q.device, head_dim)
+    config = launch_config(q.device.type, head_dim, backward=True, block_sizes=block_sizes, dtype=q.dtype)
+    meta = _meta(q, k, window, config)
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                do.stride(0), do.stride(1))
-    _sink_attention_bwd_dq_kernel[(n_seqs * num_heads, triton.cdiv(max_seqlen, block_m))](
+    _sink_attention_bwd_dq_kernel[(n_seqs * num_heads, triton.cdiv(max_seqlen, config.block_m))](
         q, k, v, do, lse, delta, dq, cu_seqlens, *strides, dq.stride(0), dq.stride(1), lse.stride(0),
-        scale, window or 0, NUM_HEADS=num_heads, **meta, **options,
+        scale, window or 0, NUM_HEADS=num_heads, **meta,
     )
-    _sink_attention_bwd_dkdv_kernel[(n_seqs * num_kv_heads, triton.cdiv(max_seqlen, block_n))](
+    _sink_attention_bwd_dkdv_kernel[(n_seqs * num_kv_heads, triton.cdiv(max_seqlen, config.block_n))](
         q, k, v, do, lse, delta, dk, dv, cu_seqlens, *strides,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0),
-        scale, window or 0, NUM_KV_HEADS=num_kv_heads, **meta, **options,
+        scale, window or 0, NUM_KV_HEADS=num_kv_heads, **meta,
     )
     return dq, dk, dv, dsinks.to(sinks.dtype)
