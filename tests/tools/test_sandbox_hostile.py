@@ -185,3 +185,25 @@ def test_large_file_is_capped_by_the_file_size_limit(sandbox):
     code = "with open('big.bin', 'wb') as f:\n    f.write(b'0' * (4 << 20))\n"
     result = sandbox.run(code)
     assert not result.ok  # SIGXFSZ or EFBIG at 1 MiB
+
+
+def test_call_ends_by_itself_when_the_host_dies_without_cleaning_up(short_clock, tmp_path):
+    """Simulate a host crash: launch a call, close our pipe ends, never kill or wait: PID 1's own alarm
+    (wall limit + 2 s) must end the namespace."""
+    with short_clock._uids.uid() as uid:
+        proc = short_clock._launch("import time\ntime.sleep(100)\n", str(tmp_path), uid, "crash-test")
+        proc.stdout.close()
+        proc.stderr.close()
+        started = _wait_until(lambda: processes_of_uids(range(uid, uid + 1)), 3.0)
+        proc.wait(timeout=1.5 + 2 + 3)
+        assert started, "the call did not start"
+        assert _wait_until(lambda: not processes_of_uids(range(uid, uid + 1)), 2.0)
+
+
+def _wait_until(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True

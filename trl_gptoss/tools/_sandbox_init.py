@@ -13,7 +13,8 @@ the host's view never changes:
 4. Fork: the child drops to an unprivileged uid (its own per-call uid, so ``RLIMIT_NPROC`` counts only
    this call's processes), sets resource limits and ``no_new_privs``, and execs Python on ``main.py``.
 5. This process reaps orphans until the child exits, then exits with the child's status; the kernel then
-   SIGKILLs every other process of the PID namespace (daemons, setsid escapes, fork bombs).
+   SIGKILLs every other process of the PID namespace (daemons, setsid escapes, fork bombs). It also arms
+   its own ``alarm`` (wall limit + 2 s), so the call ends even if the host process dies without killing it.
 
 Exit status: the child's exit code, or ``128 + signal`` when it was killed by a signal.
 """
@@ -22,6 +23,7 @@ import ctypes
 import json
 import os
 import resource
+import signal
 import sys
 
 MS_NOSUID, MS_NODEV, MS_BIND, MS_REC = 0x2, 0x4, 0x1000, 0x4000
@@ -30,6 +32,7 @@ MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID = 0x1, 0x2
 AT_FDCWD, AT_RECURSIVE = -100, 0x8000
 SYS_MOUNT_SETATTR = 442  # x86_64 and aarch64 share the number of this (new-style) syscall
 PR_SET_NO_NEW_PRIVS = 38
+ALARM_EXIT = 124
 WORKDIR = "/tmp/work"  # inside the call's own /tmp tmpfs, so it vanishes with the mount namespace
 
 LIBC = ctypes.CDLL(None, use_errno=True)
@@ -131,10 +134,16 @@ def main():
     with open(main_py, "wb") as f:
         f.write(code)
     os.chown(main_py, cfg["uid"], cfg["uid"])
+    # Our own wall clock: if the host process dies without killing us, the call still ends (PID 1 exits
+    # on SIGALRM and the kernel kills the rest of the namespace).
+    signal.signal(signal.SIGALRM, lambda *_: os._exit(ALARM_EXIT))
+    signal.alarm(int(cfg["limits"]["wall_seconds"]) + 2)
     sys.stdout.flush()
     child = os.fork()
     if child == 0:
         try:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
             run_child(cfg)
         except BaseException as exc:  # noqa: BLE001 - report any set-up failure, then die
             os.write(2, f"sandbox init: could not start the program: {exc!r}\n".encode())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import selectors
 import shutil
 import signal
@@ -171,9 +172,11 @@ def _resolve_isolation(requested: str) -> str:
 
 
 def _limit_and_drop(limits: SandboxLimits, nproc: int, uid: int | None) -> None:
-    """Runs in the forked child before exec (fallback isolation): rlimits, then drop to ``uid``."""
-    import resource
+    """Runs in the forked child before exec (fallback isolation): rlimits, then drop to ``uid``.
 
+    Only calls into already-imported modules: importing here could deadlock on a lock held by another
+    thread of the parent at fork time.
+    """
     if uid is not None:
         os.setgroups([])
         os.setresgid(uid, uid, uid)
