@@ -86,10 +86,16 @@ def _scores(q_c, k_h, k0, k1, mask, shape):
     return scores
 
 
-def _chunk_rows(qh, r0, r1):
-    """Rows ``[r0, r1)`` of a head-major ``[Hkv, G, N, D]`` tensor as one matmul operand ``[Hkv, G*C, D]``."""
-    hkv, group, _, dim = qh.shape
-    return qh[:, :, r0:r1].reshape(hkv, group * (r1 - r0), dim)
+def _chunk_rows(t, r0, r1, hkv, dtype, scale=1.0):
+    """Rows ``[r0, r1)`` of a ``[N, H, D]`` tensor as one matmul operand ``[Hkv, G*C, D]`` in ``dtype``.
+
+    Only the chunk is copied (q head h = kv head h // G, group member h % G), so no full head-major copy
+    of q or dO is ever held.
+    """
+    rows, heads, dim = r1 - r0, t.shape[1], t.shape[2]
+    chunk = t[r0:r1].to(dtype).reshape(rows, hkv, heads // hkv, dim).permute(1, 2, 0, 3)
+    chunk = chunk.reshape(hkv, heads // hkv * rows, dim)
+    return chunk * scale if scale != 1.0 else chunk
 
 
 def _forward_chunk(q_c, k_h, v_h, sinks_g, lo_c, hi_c, key_chunk):
@@ -124,20 +130,13 @@ def _backward_chunk(q_c, do_c, k_h, v_h, lse_c, delta_c, lo_c, hi_c, key_chunk, 
     for k0, k1, mask in _key_tiles(lo_c, hi_c, key_chunk):
         probs = _scores(q_c, k_h, k0, k1, mask, shape).sub_(lse_c[..., None]).exp_()
         probs_2d = probs.view(hkv, group * rows, k1 - k0)
-        dv_h[:, k0:k1] += torch.bmm(probs_2d.transpose(1, 2), do_c)
+        dv_h[:, k0:k1].baddbmm_(probs_2d.transpose(1, 2), do_c)
         dscores = torch.bmm(do_c, v_h[:, k0:k1].transpose(1, 2)).view(*shape, k1 - k0)
         dscores.sub_(delta_c[..., None]).mul_(probs)  # dS = P * (dP - D)
         dscores_2d = dscores.view(hkv, group * rows, k1 - k0)
         dq_c.baddbmm_(dscores_2d, k_h[:, k0:k1])
-        dk_h[:, k0:k1] += torch.bmm(dscores_2d.transpose(1, 2), q_c)
+        dk_h[:, k0:k1].baddbmm_(dscores_2d.transpose(1, 2), q_c)
     return dq_c
-
-
-def _head_major(t, hkv, dtype, scale=1.0):
-    """``[N, H, D]`` -> contiguous ``[Hkv, H / Hkv, N, D]`` in ``dtype`` (q head h belongs to kv head h // G)."""
-    n, heads, dim = t.shape
-    t = t.to(dtype) if scale == 1.0 else t.to(dtype) * scale
-    return t.permute(1, 0, 2).reshape(hkv, heads // hkv, n, dim).contiguous()
 
 
 def _new_output(*shape, dtype, device):
@@ -163,14 +162,14 @@ class ChunkedSinkAttention(torch.autograd.Function):
         nq, hq, dim = q.shape
         hkv = k.shape[1]
         dtype = _compute_dtype(q.dtype)
-        qh = _head_major(q, hkv, dtype, scale)
         kh = k.to(dtype).permute(1, 0, 2).contiguous()
         vh = v.to(dtype).permute(1, 0, 2).contiguous()
         sinks_g = sinks.detach().to(dtype).view(hkv, hq // hkv)
         out = _new_output(nq, hkv, hq // hkv, dim, dtype=dtype, device=q.device)
         lse = _new_output(nq, hkv, hq // hkv, dtype=dtype, device=q.device)
         for r0, r1 in _row_chunks(nq, q_chunk):
-            o_c, lse_c = _forward_chunk(_chunk_rows(qh, r0, r1), kh, vh, sinks_g, lo[r0:r1], hi[r0:r1], key_chunk)
+            q_c = _chunk_rows(q, r0, r1, hkv, dtype, scale)
+            o_c, lse_c = _forward_chunk(q_c, kh, vh, sinks_g, lo[r0:r1], hi[r0:r1], key_chunk)
             out[r0:r1] = o_c.permute(2, 0, 1, 3)
             lse[r0:r1] = lse_c.permute(2, 0, 1)
         out, lse = out.view(nq, hq, dim), lse.view(nq, hq)
@@ -185,19 +184,20 @@ class ChunkedSinkAttention(torch.autograd.Function):
         nq, hq, dim = q.shape
         hkv, group = k.shape[1], hq // k.shape[1]
         dtype = out.dtype
-        qh = _head_major(q, hkv, dtype, ctx.scale)
-        doh = _head_major(grad_out, hkv, dtype)
         kh = k.to(dtype).permute(1, 0, 2).contiguous()
         vh = v.to(dtype).permute(1, 0, 2).contiguous()
         lse_h = lse.t().reshape(hkv, group, nq)
-        delta_h = (grad_out.to(dtype) * out).sum(-1).t().reshape(hkv, group, nq)  # D_i = rowsum(dO_i * O_i)
+        delta = torch.bmm(grad_out.to(dtype).reshape(-1, 1, dim), out.reshape(-1, dim, 1))  # D_i = dO_i . O_i
+        delta_h = delta.view(nq, hq).t().reshape(hkv, group, nq)
         dq = _new_output(nq, hkv, group, dim, dtype=dtype, device=q.device)
         dk_h, dv_h = torch.zeros_like(kh), torch.zeros_like(vh)
         for r0, r1 in _row_chunks(nq, ctx.q_chunk):
-            dq_c = _backward_chunk(_chunk_rows(qh, r0, r1), _chunk_rows(doh, r0, r1), kh, vh, lse_h[:, :, r0:r1],
+            q_c = _chunk_rows(q, r0, r1, hkv, dtype, ctx.scale)
+            do_c = _chunk_rows(grad_out, r0, r1, hkv, dtype)
+            dq_c = _backward_chunk(q_c, do_c, kh, vh, lse_h[:, :, r0:r1],
                                    delta_h[:, :, r0:r1], lo[r0:r1], hi[r0:r1], ctx.key_chunk, dk_h, dv_h)
             dq[r0:r1] = dq_c.view(hkv, group, r1 - r0, dim).permute(2, 0, 1, 3)
-        dq = (dq.view(nq, hq, dim) * ctx.scale).to(q.dtype)
+        dq = dq.view(nq, hq, dim).mul_(ctx.scale).to(q.dtype)
         dk = dk_h.permute(1, 0, 2).to(k.dtype)
         dv = dv_h.permute(1, 0, 2).to(v.dtype)
         dsinks = None
