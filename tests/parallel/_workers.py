@@ -174,3 +174,29 @@ def run_scenario(rank, world, scenario):
 
 def equivalence_worker(rank, world, scenarios):
     return {scenario["id"]: run_scenario(rank, world, scenario) for scenario in scenarios}
+
+
+def _error_of(call):
+    try:
+        call()
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def bad_input_worker(rank, world):
+    """Each bad setting must raise the same ValueError on every rank, without leaving a peer blocked."""
+    model = build_model(torch.float32)
+    report = {
+        "sp_not_dividing_world": _error_of(
+            lambda: prepare_context_parallel(None, model, ContextParallelPlugin(sp_size=world + 1))),
+        "sp_not_dividing_heads": _error_of(lambda: prepare_context_parallel(
+            None, tiny_gpt_oss(num_attention_heads=3, num_key_value_heads=1), ContextParallelPlugin(sp_size=2))),
+    }
+    runner = prepare_context_parallel(None, model, ContextParallelPlugin(sp_size=world))
+    length = 1 if rank == 0 else 40  # only rank 0's micro-batch is too short
+    ids = torch.randint(0, 512, (1, length))
+    report["sequence_shorter_than_sp"] = _error_of(
+        lambda: runner.forward_backward(ids, None, lambda logps: logps.sum()))
+    dist.barrier()  # reached by every rank only if none is stuck in a collective
+    return report

@@ -6,10 +6,12 @@ One spawn per world size runs all its scenarios (process start-up dominates the 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.parallel._harness import launch
-from tests.parallel._workers import equivalence_worker
+from tests.parallel._workers import bad_input_worker, equivalence_worker
 
 pytestmark = pytest.mark.distributed
 
@@ -57,3 +59,16 @@ def test_negative_control_first_sinks_on_every_rank_is_caught(tmp_path):
             assert report["logits"] > 1e-2, f"{scenario['id']}: wrong sinks went unnoticed in the logits"
             assert report["grad_sinks"] > 1e-5, f"{scenario['id']}: wrong sinks went unnoticed in dsinks"
             assert report["loss"] > 1e-5 or report["logits"] > 1e-2
+
+
+@pytest.mark.slow
+def test_bad_input_raises_on_every_rank_without_hanging(tmp_path):
+    expected = {
+        "sp_not_dividing_world": r"sp_size=3 must divide the number of processes \(2\)",
+        "sp_not_dividing_heads": "sp_size=2 must divide num_attention_heads=3",
+        "sequence_shorter_than_sp": r"packed lengths \[1, 40\].*at least sp_size=2 tokens",
+    }
+    for rank, report in enumerate(launch(bad_input_worker, 2, tmp_path, timeout=120)):
+        for case, pattern in expected.items():
+            assert report[case] is not None, f"rank {rank}: {case} raised nothing"
+            assert re.search(pattern, report[case]), f"rank {rank}: {case}: {report[case]!r}"

@@ -1,0 +1,75 @@
+"""The Ulysses wrapper in one process: its mask semantics vs the float64 reference, the unsharded bypass,
+and the whole owner loop at sp = 1 (packing, global labels, unpacking) vs per-document runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+from gptoss_kernels import sink_attention_ref
+from tests.parallel._workers import build_model, grpo_loss_fn, make_batch, reference_step
+from trl_gptoss.parallel import ContextParallelPlugin, prepare_context_parallel, sharded_forward
+from trl_gptoss.parallel.groups import SequenceParallelGroup
+from trl_gptoss.parallel.masks import additive_mask, cu_seqlens
+from trl_gptoss.testing import tiny_gpt_oss
+
+
+class _Heads(torch.nn.Module):
+    def __init__(self, sinks, groups):
+        super().__init__()
+        self.sinks, self.num_key_value_groups = sinks, groups
+
+
+@pytest.mark.parametrize("window", [None, 5, 64], ids=["full", "window5", "window-gt-T"])
+def test_packed_mask_in_eager_equals_float64_varlen_reference(window):
+    """Documents [7, 1, 12] (one a lone token whose only other entry is its sink), GQA 4/2, float64."""
+    positions = torch.cat([torch.arange(7), torch.arange(1), torch.arange(12)])[None]
+    total, hq, hkv, dim = positions.shape[1], 4, 2, 16
+    q, k, v = (torch.randn(total, h, dim, dtype=torch.float64) for h in (hq, hkv, hkv))
+    sinks = torch.randn(hq, dtype=torch.float64)
+    mask = additive_mask(positions, window, torch.float64)
+    out, _ = eager_attention_forward(_Heads(sinks, hq // hkv), *(t.transpose(0, 1)[None] for t in (q, k, v)),
+                                     mask, scaling=dim ** -0.5)
+    expected = sink_attention_ref(q, k, v, sinks, cu_seqlens=cu_seqlens(positions), window=window)
+    torch.testing.assert_close(out[0], expected, atol=1e-13, rtol=0)
+
+
+def test_unsharded_calls_bypass_the_wrapper():
+    """Generation and plain forwards (padded batch, KV cache) are exactly the inner implementation's."""
+    plain = tiny_gpt_oss(seed=5)
+    wrapped = tiny_gpt_oss(seed=5)
+    prepare_context_parallel(None, wrapped, ContextParallelPlugin(sp_size=1))
+    assert wrapped.config._attn_implementation == "ulysses_eager"
+    ids = torch.randint(0, 512, (2, 40))
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0
+    torch.testing.assert_close(wrapped(input_ids=ids, attention_mask=mask).logits,
+                               plain(input_ids=ids, attention_mask=mask).logits, atol=0, rtol=0)
+    generated = [m.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False) for m in (plain, wrapped)]
+    assert torch.equal(*generated)
+
+
+def test_sharded_forward_refuses_padding_masks_and_missing_positions():
+    model = tiny_gpt_oss()
+    prepare_context_parallel(None, model, ContextParallelPlugin(sp_size=1))
+    ids = torch.randint(0, 512, (1, 8))
+    mask = torch.ones_like(ids)
+    mask[0, 0] = 0
+    with sharded_forward(SequenceParallelGroup.single()), pytest.raises(ValueError, match="pack the batch first"):
+        model(input_ids=ids, attention_mask=mask, position_ids=torch.arange(8)[None])
+    with sharded_forward(SequenceParallelGroup.single()), pytest.raises(ValueError, match="needs position_ids"):
+        model.model.layers[0].self_attn(model.model.embed_tokens(ids), (torch.ones(1, 8, 32),) * 2, None)
+
+
+@pytest.mark.parametrize("inner", ["eager", "fa3_sink"])
+def test_owner_loop_at_sp1_matches_per_document_float64(inner):
+    """sp = 1 runs the same wrapper without collectives: packed rows must equal each document run alone."""
+    batch = make_batch(seed=7)
+    ref_losses, _, ref_grads = reference_step(torch.float64, [batch], world=1)
+    model = build_model(torch.float64)
+    runner = prepare_context_parallel(None, model, ContextParallelPlugin(sp_size=1, inner_attention=inner))
+    result = runner.forward_backward(batch[0], batch[1], grpo_loss_fn(batch[2], batch[3]))
+    torch.testing.assert_close(result.loss, ref_losses[0], atol=1e-12, rtol=0)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, ref_grads[name], atol=1e-12, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
