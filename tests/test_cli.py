@@ -1,0 +1,40 @@
+"""The console script: once as an installed user runs it (subprocess), the rest in-process."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trl_gptoss.cli import main
+
+SCRIPT = Path(sys.executable).with_name("trl-gptoss")
+
+
+def test_installed_script_reports_stack_and_cpu_backend():
+    result = subprocess.run([str(SCRIPT), "env", "--json"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["packages"]["transformers"].startswith("5.23")
+    assert report["sink_attention_backend"]["cpu"].startswith("chunked")
+
+
+def test_tokenizer_command(capsys):
+    assert main(["tokenizer", "--small"]) == 0
+    assert capsys.readouterr().out.startswith("512 tokens, cached at ")
+
+
+def test_env_human_readable(capsys):
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "fa3_sink on cpu  chunked" in out and "transformers     5.23" in out
+
+
+def test_unknown_command_and_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["frobnicate"])
+    assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and "trl-gptoss 0.1.0" in capsys.readouterr().out
