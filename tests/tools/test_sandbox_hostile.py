@@ -5,6 +5,7 @@ machine. Every case runs under the strongest isolation the host offers; the fall
 cases in ``test_sandbox_fallback.py``.
 """
 
+import ast
 import os
 import socket
 import subprocess
@@ -13,7 +14,14 @@ import time
 
 import pytest
 
-from tests.tools.helpers import TIGHT, descendants, own_call_dirs, processes_of_uids, sandbox_uid_range
+from tests.tools.helpers import (
+    TIGHT,
+    descendants,
+    own_call_dirs,
+    own_cgroups,
+    processes_of_uids,
+    sandbox_uid_range,
+)
 from trl_gptoss.tools import PythonSandbox, SandboxLimits, detect_isolation
 
 pytestmark = [
@@ -43,6 +51,7 @@ def _nothing_left_behind():
     assert processes_of_uids(sandbox_uid_range()) == [], "a sandboxed process outlived its call"
     assert descendants(os.getpid()) == [], "a child of the test process outlived the call"
     assert own_call_dirs() == [], "a call's temporary directory was not removed"
+    assert own_cgroups() == [], "a call's cgroup was not removed"
 
 
 def test_infinite_loop_is_killed_at_the_wall_clock(short_clock):
@@ -65,6 +74,29 @@ def test_memory_bomb_hits_the_address_space_limit(sandbox):
     result = sandbox.run("blocks = []\nwhile True:\n    blocks.append(bytearray(64 << 20))\n")
     assert result.exit_code != 0 and not result.timed_out
     assert "MemoryError" in result.stderr
+
+
+def test_many_processes_together_over_the_memory_budget_are_oom_killed(sandbox):
+    """Each child stays under RLIMIT_AS (512 MiB) but 8 x 128 MiB exceed the call's 512 MiB cgroup."""
+    if sandbox.cgroups is None:
+        pytest.skip("the host gives us no memory cgroup; only per-process RLIMIT_AS applies")
+    code = (
+        "import os, time\n"
+        "kids = []\n"
+        "for _ in range(8):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        block = bytearray(128 << 20)\n"
+        "        time.sleep(0.5)\n"
+        "        os._exit(0)\n"
+        "    kids.append(pid)\n"
+        "print(sorted(os.waitstatus_to_exitcode(os.waitpid(k, 0)[1]) for k in kids))\n"
+    )
+    result = sandbox.run(code)
+    assert result.ok, result.stderr
+    statuses = ast.literal_eval(result.stdout)
+    assert -9 in statuses, "no child was OOM-killed although the group went over its budget"
+    assert statuses.count(0) <= 4
 
 
 def test_writes_outside_the_working_dir_never_reach_the_host(sandbox, tmp_path):

@@ -5,6 +5,7 @@ This file is executed (never imported) as ``python -I -S _sandbox_init.py CONFIG
 and mount namespaces. The code to run arrives on stdin. Steps, all inside the private mount namespace so
 the host's view never changes:
 
+0. Join the call's memory and pids cgroups (when the host gave us some).
 1. Hide ``hide_dirs`` (e.g. ``/root``, whose secrets the code must not read) under empty tmpfs mounts, but
    bind the interpreter's directories back in, so a non-root uid can start Python from a private install.
 2. Make every existing mount read-only and nosuid (``mount_setattr(AT_RECURSIVE)``).
@@ -103,6 +104,16 @@ def _set_limits(limits):
         resource.setrlimit(res, (value, value))
 
 
+def join_cgroups(procs_paths):
+    """Move PID 1 into the call's memory/pids cgroups; every process it starts inherits them."""
+    for path in procs_paths:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+
+
 def run_child(cfg):
     """Child side of the fork: drop privileges and exec the model's program (never returns)."""
     uid = cfg["uid"]
@@ -129,6 +140,7 @@ def main():
     code = sys.stdin.buffer.read()
     devnull = os.open("/dev/null", os.O_RDONLY)
     os.dup2(devnull, 0)
+    join_cgroups(cfg["cgroup_procs"])  # before the filesystem (cgroupfs included) turns read-only
     prepare_filesystem(cfg)
     main_py = os.path.join(WORKDIR, "main.py")
     with open(main_py, "wb") as f:

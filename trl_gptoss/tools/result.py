@@ -17,7 +17,9 @@ class SandboxLimits:
     call's own uid (threads count too); ``file_size_bytes`` is ``RLIMIT_FSIZE``; ``disk_bytes`` is the
     size of each private tmpfs (``/tmp``, ``/dev/shm``, ``/var/tmp``; namespace isolation only);
     ``output_bytes`` caps stdout and stderr captured together: past it the call is killed and marked
-    truncated, so 100 MB of output never piles up in memory.
+    truncated, so 100 MB of output never piles up in memory. ``memory_bytes`` is the whole call's memory
+    (all its processes together, a memory cgroup; ``max_processes`` is also its ``pids.max``), applied
+    when the host lets us create cgroups (see ``cgroups.py``).
     """
 
     wall_seconds: float = 10.0
@@ -28,6 +30,7 @@ class SandboxLimits:
     disk_bytes: int = 64 * MIB
     open_files: int = 64
     output_bytes: int = 64 * 1024
+    memory_bytes: int = 1024 * MIB
 
     def __post_init__(self):
         for name, value in asdict(self).items():
@@ -90,9 +93,13 @@ class ToolResult:
         return {"role": "tool", "name": name, "content": self.render(max_chars)}
 
 
+_SIGNAL_HINTS = {9: " (SIGKILL: e.g. the memory limit)", 24: " (SIGXCPU: CPU time limit)",
+                 25: " (SIGXFSZ: file size limit)", 11: " (SIGSEGV)"}
+
+
 def _exit_notice(code: int) -> str:
     if code < 0:
-        return f"[killed by signal {-code}]"
+        return f"[killed by signal {-code}{_SIGNAL_HINTS.get(-code, '')}]"
     return f"[exit status {code}]"
 
 

@@ -24,6 +24,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
+from trl_gptoss.tools import cgroups
 from trl_gptoss.tools import isolation as iso
 from trl_gptoss.tools.result import SandboxLimits, ToolResult
 
@@ -79,6 +80,7 @@ class PythonSandbox:
         self._uids = iso.UidSlots()
         self._hide_plan = iso.hide_plan(self.python) if self.isolation == "namespaces" else []
         self._is_root = os.geteuid() == 0
+        self.cgroups = cgroups.cgroup_layout()  # "v1", "v2" or None: whole-call memory/process caps
 
     def run(self, code: str) -> ToolResult:
         """Run ``code`` as ``main.py`` in a fresh sandbox and return what it printed and how it ended."""
@@ -88,8 +90,9 @@ class PythonSandbox:
         marker = uuid.uuid4().hex
         call_dir = tempfile.mkdtemp(prefix=f"{CALL_DIR_PREFIX}{os.getpid()}-")
         try:
-            with self._uids.uid() as uid:
-                proc = self._launch(code, call_dir, uid, marker)
+            with self._uids.uid() as uid, cgroups.call_cgroups(marker, self.limits.memory_bytes,
+                                                               self.limits.max_processes) as procs_paths:
+                proc = self._launch(code, call_dir, uid, marker, procs_paths)
                 try:
                     out, err, truncated, timed_out = _collect(proc, start + self.limits.wall_seconds,
                                                               self.limits.output_bytes)
@@ -115,14 +118,14 @@ class PythonSandbox:
     def _env(self, marker: str) -> dict[str, str]:
         return {**_BASE_ENV, iso.MARKER_VAR: marker}
 
-    def _launch(self, code: str, call_dir: str, uid: int, marker: str) -> subprocess.Popen:
+    def _launch(self, code: str, call_dir: str, uid: int, marker: str, procs_paths=()) -> subprocess.Popen:
         if self.isolation == "namespaces":
-            return self._launch_namespaced(code, call_dir, uid, marker)
-        return self._launch_process(code, call_dir, uid, marker)
+            return self._launch_namespaced(code, call_dir, uid, marker, list(procs_paths))
+        return self._launch_process(code, call_dir, uid, marker, list(procs_paths))
 
-    def _launch_namespaced(self, code, call_dir, uid, marker):
+    def _launch_namespaced(self, code, call_dir, uid, marker, procs_paths):
         config = {"call_dir": call_dir, "uid": uid, "hide": self._hide_plan, "python": self.python,
-                  "env": self._env(marker), "limits": asdict(self.limits)}
+                  "env": self._env(marker), "limits": asdict(self.limits), "cgroup_procs": procs_paths}
         argv = [shutil.which("unshare"), *iso.UNSHARE_FLAGS, sys.executable, "-I", "-S", _INIT_SCRIPT,
                 json.dumps(config)]
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -135,7 +138,7 @@ class PythonSandbox:
             proc.stdin.close()
         return proc
 
-    def _launch_process(self, code, call_dir, uid, marker):
+    def _launch_process(self, code, call_dir, uid, marker, procs_paths):
         workdir = os.path.join(call_dir, "work")
         os.mkdir(workdir, 0o700)
         with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8", errors="surrogateescape") as f:
@@ -150,7 +153,7 @@ class PythonSandbox:
         argv = [self.python, "-I", "-u", "-c", _SOCKET_BLOCK_PREAMBLE]
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 cwd=workdir, env=self._env(marker), start_new_session=True,
-                                preexec_fn=lambda: _limit_and_drop(limits, nproc, drop_to))
+                                preexec_fn=lambda: _limit_and_drop(limits, nproc, drop_to, procs_paths))
 
     def _exit_code(self, returncode: int | None, killed_by_us: bool) -> int | None:
         if returncode is None:
@@ -171,12 +174,13 @@ def _resolve_isolation(requested: str) -> str:
     return requested
 
 
-def _limit_and_drop(limits: SandboxLimits, nproc: int, uid: int | None) -> None:
-    """Runs in the forked child before exec (fallback isolation): rlimits, then drop to ``uid``.
+def _limit_and_drop(limits: SandboxLimits, nproc: int, uid: int | None, procs_paths: list[str]) -> None:
+    """Runs in the forked child before exec (fallback isolation): cgroups, rlimits, then drop to ``uid``.
 
     Only calls into already-imported modules: importing here could deadlock on a lock held by another
     thread of the parent at fork time.
     """
+    cgroups.join(procs_paths)
     if uid is not None:
         os.setgroups([])
         os.setresgid(uid, uid, uid)

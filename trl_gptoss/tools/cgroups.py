@@ -1,0 +1,107 @@
+"""Per-call cgroups: one memory budget and one process budget for everything a call starts.
+
+rlimits are per process: 32 processes x ``RLIMIT_AS`` could still take 32 GiB. A cgroup caps the call as
+a whole: ``memory`` (limit on resident memory + swap; the kernel OOM-kills inside the group) and ``pids``
+(fork bombs fail with EAGAIN at ``max_processes``). Supported layouts: cgroup v1 (separate
+``/sys/fs/cgroup/memory`` and ``/sys/fs/cgroup/pids`` hierarchies) and cgroup v2 (one unified
+hierarchy with both controllers enabled). Without write access (not root, read-only cgroupfs) the
+sandbox runs without cgroups and says so in ``PythonSandbox.cgroups``.
+
+The call's first process joins by writing ``0`` ("myself") to each ``cgroup.procs`` before it starts the
+model's code; its descendants inherit the groups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import time
+import warnings
+from collections.abc import Iterator
+
+ROOT = "/sys/fs/cgroup"
+GROUP_PREFIX = "trl-gptoss-sandbox-"
+
+
+def _writable(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "cgroup.procs")) and os.access(path, os.W_OK)
+
+
+@functools.lru_cache(maxsize=1)
+def cgroup_layout() -> str | None:
+    """``"v1"``, ``"v2"`` or ``None`` (no writable memory+pids cgroups), probed once."""
+    if _writable(os.path.join(ROOT, "memory")) and _writable(os.path.join(ROOT, "pids")):
+        return "v1"
+    try:
+        with open(os.path.join(ROOT, "cgroup.subtree_control")) as f:
+            enabled = set(f.read().split())
+    except OSError:
+        return None
+    return "v2" if {"memory", "pids"} <= enabled and _writable(ROOT) else None
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _create(name: str, memory_bytes: int, max_processes: int) -> list[str]:
+    """Create the call's group(s), set the limits, return the directories."""
+    if cgroup_layout() == "v1":
+        memory, pids = os.path.join(ROOT, "memory", name), os.path.join(ROOT, "pids", name)
+        os.mkdir(memory)
+        os.mkdir(pids)
+        _write(os.path.join(memory, "memory.limit_in_bytes"), str(memory_bytes))
+        swap = os.path.join(memory, "memory.memsw.limit_in_bytes")
+        if os.path.exists(swap):  # memory + swap: the call may not push its excess to swap
+            _write(swap, str(memory_bytes))
+        _write(os.path.join(pids, "pids.max"), str(max_processes))
+        return [memory, pids]
+    group = os.path.join(ROOT, name)
+    os.mkdir(group)
+    _write(os.path.join(group, "memory.max"), str(memory_bytes))
+    with contextlib.suppress(OSError):  # memory.swap.max is absent without swap accounting
+        _write(os.path.join(group, "memory.swap.max"), "0")
+    _write(os.path.join(group, "pids.max"), str(max_processes))
+    return [group]
+
+
+def _remove(directories: list[str], seconds: float = 2.0) -> None:
+    """rmdir each group; a group stays busy for a moment while its last processes are reaped."""
+    deadline = time.monotonic() + seconds
+    for directory in directories:
+        while True:
+            try:
+                os.rmdir(directory)
+                break
+            except FileNotFoundError:
+                break
+            except OSError as exc:
+                if time.monotonic() > deadline:  # leak an empty group rather than fail the rollout
+                    warnings.warn(f"could not remove sandbox cgroup {directory}: {exc}", stacklevel=3)
+                    break
+                time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def call_cgroups(marker: str, memory_bytes: int, max_processes: int) -> Iterator[list[str]]:
+    """Yield the ``cgroup.procs`` paths the call's first process must join (``[]`` when unavailable)."""
+    if cgroup_layout() is None:
+        yield []
+        return
+    directories = _create(f"{GROUP_PREFIX}{os.getpid()}-{marker}", memory_bytes, max_processes)
+    try:
+        yield [os.path.join(d, "cgroup.procs") for d in directories]
+    finally:
+        _remove(directories)
+
+
+def join(procs_paths: list[str]) -> None:
+    """Move the calling process into the groups (runs in the child before exec: ``os`` calls only)."""
+    for path in procs_paths:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
