@@ -39,6 +39,8 @@ CASES = {
     "T37-full-gqa2-d64": Case((37,), 4, 2, d=64),
     "T113-win8-gqa4-m32n16": Case((113,), 4, 1, window=8, blocks=(32, 16)),
     "T50-win7-gqa1-m16n32": Case((50,), 2, 2, d=32, window=7, blocks=(16, 32)),
+    "T100-win40-masked-and-full-tiles": Case((100,), 4, 2, window=40),
+    "T90-win37-gqa2-m32n16-two-docs": Case((90, 31), 4, 2, window=37, blocks=(32, 16)),
     "window-gt-T-two-docs": Case((20, 13), 2, 2, window=64),
     "window1-gqa2": Case((29,), 4, 2, window=1),
     "varlen-0-1-full": Case((0, 1, 37, 0, 18), 4, 2, blocks=(16, 32)),

@@ -19,6 +19,32 @@ from gptoss_kernels.triton.common import LOG2E, _allowed, _allowed_t, _dot, _key
 
 
 @triton.jit
+def _dq_tiles(dq, q, do, lse2, delta, K, V, bos, i_kh, stride_kt, stride_kh, stride_vt, stride_vh,
+              offs_m, seq_len, window, qk_scale, start, end,
+              HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
+              F32_DOT: tl.constexpr, MASKED: tl.constexpr):
+    """Accumulate ``dS K`` (unscaled) over the key tiles ``[start, end)`` for one query block."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k_ptrs = K + (bos + offs_n)[:, None] * stride_kt + i_kh * stride_kh + offs_d[None, :]
+        v_ptrs = V + (bos + offs_n)[:, None] * stride_vt + i_kh * stride_vh + offs_d[None, :]
+        if MASKED:
+            k = tl.load(k_ptrs, mask=(offs_n < seq_len)[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=(offs_n < seq_len)[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        p = tl.math.exp2(_dot(q, tl.trans(k), F32_DOT) * qk_scale - lse2[:, None])
+        if MASKED:
+            p = tl.where(_allowed(offs_m, offs_n, seq_len, window, HAS_WINDOW), p, 0.0)
+        dp = _dot(do, tl.trans(v), F32_DOT)
+        ds = p * (dp - delta[:, None])
+        dq += _dot(ds.to(k.dtype), k, F32_DOT)
+    return dq
+
+
+@triton.jit
 def _sink_attention_bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, CU_SEQLENS,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
@@ -45,26 +71,48 @@ def _sink_attention_bwd_dq_kernel(
                  mask=row_ok[:, None], other=0.0)
     lse2 = tl.load(LSE + (bos + offs_m) * stride_lt + i_h, mask=row_ok, other=0.0) * LOG2E
     delta = tl.load(DELTA + (bos + offs_m) * stride_lt + i_h, mask=row_ok, other=0.0)
-    qk_scale = scale * LOG2E
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
-    lo, hi = _key_range(start_m, seq_len, window, BLOCK_M, BLOCK_N, HAS_WINDOW)
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        col_ok = offs_n < seq_len
-        k = tl.load(K + (bos + offs_n)[:, None] * stride_kt + i_kh * stride_kh + offs_d[None, :],
-                    mask=col_ok[:, None], other=0.0)
-        v = tl.load(V + (bos + offs_n)[:, None] * stride_vt + i_kh * stride_vh + offs_d[None, :],
-                    mask=col_ok[:, None], other=0.0)
-        s2 = _dot(q, tl.trans(k), F32_DOT) * qk_scale
-        p = tl.math.exp2(s2 - lse2[:, None])
-        p = tl.where(_allowed(offs_m, offs_n, seq_len, window, HAS_WINDOW), p, 0.0)
-        dp = _dot(do, tl.trans(v), F32_DOT)
-        ds = p * (dp - delta[:, None])
-        dq += _dot(ds.to(k.dtype), k, F32_DOT)
+    lo, full_lo, full_hi, hi = _key_range(start_m, seq_len, window, BLOCK_M, BLOCK_N, HAS_WINDOW)
+    tiles = (K, V, bos, i_kh, stride_kt, stride_kh, stride_vt, stride_vh, offs_m, seq_len, window, scale * LOG2E)
+    dq = _dq_tiles(dq, q, do, lse2, delta, *tiles, lo, full_lo, HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT, True)
+    dq = _dq_tiles(dq, q, do, lse2, delta, *tiles, full_lo, full_hi, HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT, False)
+    dq = _dq_tiles(dq, q, do, lse2, delta, *tiles, full_hi, hi, HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT, True)
 
     tl.store(DQ + (bos + offs_m)[:, None] * stride_dqt + i_h * stride_dqh + offs_d[None, :],
              (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _dkdv_tiles(dk, dv, k, v, Q, DO, LSE, DELTA, bos, i_h, stride_qt, stride_qh, stride_dot, stride_doh,
+                stride_lt, offs_n, seq_len, window, qk_scale, start, end,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                F32_DOT: tl.constexpr, MASKED: tl.constexpr):
+    """Accumulate ``P^T dO`` into dv and ``dS^T Q`` (unscaled) into dk over the query tiles ``[start, end)``
+    of head ``i_h``; scores are kept transposed, ``[BLOCK_N, BLOCK_M]``."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start_m in range(start, end, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q_ptrs = Q + (bos + offs_m)[:, None] * stride_qt + i_h * stride_qh + offs_d[None, :]
+        do_ptrs = DO + (bos + offs_m)[:, None] * stride_dot + i_h * stride_doh + offs_d[None, :]
+        if MASKED:
+            row_ok = offs_m < seq_len
+            q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+            do = tl.load(do_ptrs, mask=row_ok[:, None], other=0.0)
+            lse2 = tl.load(LSE + (bos + offs_m) * stride_lt + i_h, mask=row_ok, other=0.0) * LOG2E
+            delta = tl.load(DELTA + (bos + offs_m) * stride_lt + i_h, mask=row_ok, other=0.0)
+        else:
+            q = tl.load(q_ptrs)
+            do = tl.load(do_ptrs)
+            lse2 = tl.load(LSE + (bos + offs_m) * stride_lt + i_h) * LOG2E
+            delta = tl.load(DELTA + (bos + offs_m) * stride_lt + i_h)
+        p_t = tl.math.exp2(_dot(k, tl.trans(q), F32_DOT) * qk_scale - lse2[None, :])
+        if MASKED:
+            p_t = tl.where(_allowed_t(offs_n, offs_m, seq_len, window, HAS_WINDOW), p_t, 0.0)
+        dv += _dot(p_t.to(do.dtype), do, F32_DOT)
+        ds_t = p_t * (_dot(v, tl.trans(do), F32_DOT) - delta[None, :])
+        dk += _dot(ds_t.to(q.dtype), q, F32_DOT)
+    return dk, dv
 
 
 @triton.jit
@@ -95,29 +143,17 @@ def _sink_attention_bwd_dkdv_kernel(
                 mask=col_ok[:, None], other=0.0)
     v = tl.load(V + (bos + offs_n)[:, None] * stride_vt + i_kh * stride_vh + offs_d[None, :],
                 mask=col_ok[:, None], other=0.0)
-    qk_scale = scale * LOG2E
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
 
-    lo, hi = _query_range(start_n, seq_len, window, BLOCK_M, BLOCK_N, HAS_WINDOW)
+    lo, full_lo, full_hi, hi = _query_range(start_n, seq_len, window, BLOCK_M, BLOCK_N, HAS_WINDOW)
     for g in range(GROUP):
-        i_h = i_kh * GROUP + g
-        for start_m in range(lo, hi, BLOCK_M):
-            offs_m = start_m + tl.arange(0, BLOCK_M)
-            row_ok = offs_m < seq_len
-            q = tl.load(Q + (bos + offs_m)[:, None] * stride_qt + i_h * stride_qh + offs_d[None, :],
-                        mask=row_ok[:, None], other=0.0)
-            do = tl.load(DO + (bos + offs_m)[:, None] * stride_dot + i_h * stride_doh + offs_d[None, :],
-                         mask=row_ok[:, None], other=0.0)
-            lse2 = tl.load(LSE + (bos + offs_m) * stride_lt + i_h, mask=row_ok, other=0.0) * LOG2E
-            delta = tl.load(DELTA + (bos + offs_m) * stride_lt + i_h, mask=row_ok, other=0.0)
-            s2_t = _dot(k, tl.trans(q), F32_DOT) * qk_scale  # [BLOCK_N, BLOCK_M]
-            p_t = tl.math.exp2(s2_t - lse2[None, :])
-            p_t = tl.where(_allowed_t(offs_n, offs_m, seq_len, window, HAS_WINDOW), p_t, 0.0)
-            dv += _dot(p_t.to(do.dtype), do, F32_DOT)
-            dp_t = _dot(v, tl.trans(do), F32_DOT)
-            ds_t = p_t * (dp_t - delta[None, :])
-            dk += _dot(ds_t.to(q.dtype), q, F32_DOT)
+        tiles = (Q, DO, LSE, DELTA, bos, i_kh * GROUP + g, stride_qt, stride_qh, stride_dot, stride_doh,
+                 stride_lt, offs_n, seq_len, window, scale * LOG2E)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, *tiles, lo, full_lo, HEAD_DIM, BLOCK_M, HAS_WINDOW, F32_DOT, True)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, *tiles, full_lo, full_hi, HEAD_DIM, BLOCK_M, HAS_WINDOW, F32_DOT,
+                             False)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, *tiles, full_hi, hi, HEAD_DIM, BLOCK_M, HAS_WINDOW, F32_DOT, True)
 
     tl.store(DK + (bos + offs_n)[:, None] * stride_dkt + i_kh * stride_dkh + offs_d[None, :],
              (dk * scale).to(DK.dtype.element_ty), mask=col_ok[:, None])

@@ -41,29 +41,41 @@ def _allowed(offs_m, offs_n, seq_len, window, HAS_WINDOW: tl.constexpr):
 @triton.jit
 def _key_range(start_m, seq_len, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                HAS_WINDOW: tl.constexpr):
-    """Keys ``[lo, hi)`` that the query block ``[start_m, start_m + BLOCK_M)`` can see; ``lo`` is aligned.
+    """Key tiles for the query block ``[start_m, start_m + BLOCK_M)``, split ``lo <= full_lo <= full_hi <= hi``.
 
-    Loop bounds, not masks, skip the tiles outside the causal/window band.
+    ``[lo, hi)`` is the causal/window band: loop bounds, not masks, skip every tile outside it. Tiles in
+    ``[full_lo, full_hi)`` are entirely visible to every row of the block (all keys ``<= start_m``, and
+    ``>= start_m + BLOCK_M - W`` with a window), so they run without the mask; the rest are masked.
     """
     hi = tl.minimum(start_m + BLOCK_M, seq_len)
+    full_hi = (start_m + 1) // BLOCK_N * BLOCK_N  # <= start_m + 1 <= seq_len: no tail keys either
     lo = 0
+    full_lo = 0
     if HAS_WINDOW:
         lo = tl.maximum(start_m - window + 1, 0) // BLOCK_N * BLOCK_N
-    return lo, hi
+        full_lo = tl.cdiv(tl.maximum(start_m + BLOCK_M - window, 0), BLOCK_N) * BLOCK_N
+        full_lo = tl.minimum(tl.maximum(full_lo, lo), full_hi)
+    return lo, full_lo, full_hi, hi
 
 
 @triton.jit
 def _query_range(start_n, seq_len, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  HAS_WINDOW: tl.constexpr):
-    """Query range ``[lo, hi)`` that can see a key block ``[start_n, start_n + BLOCK_N)``; ``lo`` is aligned.
+    """Query tiles that see the key block ``[start_n, start_n + BLOCK_N)``, split like ``_key_range``.
 
     Key ``j`` is seen by queries ``j .. j + W - 1``: the last key reaches ``start_n + BLOCK_N + W - 2``.
+    Query tiles in ``[full_lo, full_hi)`` see every key of the block (rows ``>= start_n + BLOCK_N - 1``,
+    ``< start_n + W`` with a window, and inside the document), so they skip the mask.
     """
     lo = start_n // BLOCK_M * BLOCK_M
     hi = seq_len
+    full_end = seq_len
     if HAS_WINDOW:
         hi = tl.minimum(start_n + BLOCK_N + window - 1, seq_len)
-    return lo, hi
+        full_end = tl.minimum(start_n + window, seq_len)
+    full_lo = tl.minimum(tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M, hi)
+    full_hi = tl.maximum(tl.minimum(full_end // BLOCK_M * BLOCK_M, hi), full_lo)
+    return lo, full_lo, full_hi, hi
 
 
 @triton.jit

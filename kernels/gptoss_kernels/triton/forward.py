@@ -23,6 +23,40 @@ from gptoss_kernels.triton.common import LN2, LOG2E, _allowed, _dot, _key_range
 
 
 @triton.jit
+def _fwd_tiles(acc, l_i, m_i, q, K, V, bos, i_kh, stride_kt, stride_kh, stride_vt, stride_vh,
+               offs_m, seq_len, window, qk_scale, start, end,
+               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
+               F32_DOT: tl.constexpr, MASKED: tl.constexpr):
+    """Online-softmax update over the key tiles ``[start, end)``; ``MASKED=False`` only for tiles every row
+    of the block fully sees (no causal/window/tail mask to build). Returns the new ``(acc, l_i, m_i)``."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k_ptrs = K + (bos + offs_n)[None, :] * stride_kt + i_kh * stride_kh + offs_d[:, None]  # [D, BLOCK_N]
+        v_ptrs = V + (bos + offs_n)[:, None] * stride_vt + i_kh * stride_vh + offs_d[None, :]  # [BLOCK_N, D]
+        if MASKED:
+            k_t = tl.load(k_ptrs, mask=(offs_n < seq_len)[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=(offs_n < seq_len)[:, None], other=0.0)
+        else:
+            k_t = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        s = _dot(q, k_t, F32_DOT) * qk_scale
+        if MASKED:
+            s = tl.where(_allowed(offs_m, offs_n, seq_len, window, HAS_WINDOW), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A sink of -inf means "no sink": until a row meets its first key its max is -inf, and
+        # exp2(-inf - -inf) would be NaN, so exponentiate against 0 instead (every term is 0 then).
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_ref)
+        p = tl.math.exp2(s - m_ref[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # p is rounded to V's dtype before the product, as every FlashAttention kernel does.
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32_DOT)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _sink_attention_fwd_kernel(
     Q, K, V, SINKS, OUT, LSE, CU_SEQLENS,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
@@ -52,26 +86,12 @@ def _sink_attention_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
-    lo, hi = _key_range(start_m, seq_len, window, BLOCK_M, BLOCK_N, HAS_WINDOW)
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        col_ok = offs_n < seq_len
-        k_t = tl.load(K + (bos + offs_n)[None, :] * stride_kt + i_kh * stride_kh + offs_d[:, None],
-                      mask=col_ok[None, :], other=0.0)  # [D, BLOCK_N]
-        v = tl.load(V + (bos + offs_n)[:, None] * stride_vt + i_kh * stride_vh + offs_d[None, :],
-                    mask=col_ok[:, None], other=0.0)  # [BLOCK_N, D]
-        s = _dot(q, k_t, F32_DOT) * qk_scale
-        s = tl.where(_allowed(offs_m, offs_n, seq_len, window, HAS_WINDOW), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # A sink of -inf means "no sink": until a row meets its first key its max is -inf, and
-        # exp2(-inf - -inf) would be NaN, so exponentiate against 0 instead (every term is 0 then).
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_ref)
-        p = tl.math.exp2(s - m_ref[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        # p is rounded to V's dtype before the product, as every FlashAttention kernel does.
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32_DOT)
-        m_i = m_new
+    lo, full_lo, full_hi, hi = _key_range(start_m, seq_len, window, BLOCK_M, BLOCK_N, HAS_WINDOW)
+    tiles = (K, V, bos, i_kh, stride_kt, stride_kh, stride_vt, stride_vh, offs_m, seq_len, window, qk_scale)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, *tiles, lo, full_lo, HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT, True)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, *tiles, full_lo, full_hi, HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT,
+                               False)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, *tiles, full_hi, hi, HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT, True)
 
     # l is 0 only for padding rows past the document end under a -inf sink; they are never stored.
     l_i = tl.where(l_i > 0.0, l_i, 1.0)
