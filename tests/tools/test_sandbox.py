@@ -55,7 +55,8 @@ def test_two_hundred_concurrent_calls_complete(sandbox):
 
 
 @pytest.mark.parametrize("bad", [dict(wall_seconds=0), dict(max_processes=1), dict(address_space_bytes=1 << 20),
-                                 dict(output_bytes=-5), dict(cpu_seconds="10")], ids=lambda d: next(iter(d)))
+                                 dict(output_bytes=-5), dict(cpu_seconds="10"),
+                                 dict(memory_bytes=1 << 20)], ids=lambda d: next(iter(d)))
 def test_bad_limits_raise_value_error(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SandboxLimits(**bad)

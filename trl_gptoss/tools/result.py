@@ -41,6 +41,9 @@ class SandboxLimits:
                 f"SandboxLimits.address_space_bytes={self.address_space_bytes} cannot start Python; "
                 "use at least 64 MiB (256 MiB or more to import numpy)."
             )
+        if self.memory_bytes < 64 * MIB:
+            raise ValueError(f"SandboxLimits.memory_bytes={self.memory_bytes} cannot hold a Python process; "
+                             "use at least 64 MiB (256 MiB or more to import numpy).")
         if self.max_processes < 2:
             raise ValueError("SandboxLimits.max_processes must be at least 2 (Python may start a helper thread).")
 
@@ -50,7 +53,8 @@ class ToolResult:
     """What one call produced.
 
     ``exit_code``: the program's exit status; negative ``-N`` when it was killed by signal ``N`` (the
-    sandbox reports ``128 + N`` from inside a PID namespace, translated back here). ``timed_out``: the wall
+    sandbox reports ``128 + N`` from inside a PID namespace, translated back here, so a program that calls
+    ``sys.exit(137)`` reads as ``-9`` under namespace isolation). ``timed_out``: the wall
     clock limit was hit. ``truncated``: output passed ``SandboxLimits.output_bytes`` (the call was stopped
     there). ``wall_time``: seconds from launch to cleanup done. ``isolation``: ``"namespaces"`` or
     ``"process"`` (see ``docs/tools_and_rewards.md``).
