@@ -1,12 +1,13 @@
 """The tool abstraction: schema, argument checking, both Harmony call forms, TRL's function form."""
 
 import sys
+import time
 
 import pytest
 from transformers.utils import get_json_schema
 
 from tests.tools.helpers import TIGHT
-from trl_gptoss.tools import PythonSandbox, PythonTool, SandboxLimits, Tool, ToolResult
+from trl_gptoss.tools import PythonSandbox, PythonTool, SandboxLimits, Tool, ToolResult, run_tool_calls
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +71,22 @@ def test_custom_tool_checks_its_declaration():
 
     with pytest.raises(ValueError, match="Tool name"):
         BadName()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="runs the sandbox")
+def test_run_tool_calls_in_parallel_with_errors_as_messages(tool):
+    from trl_gptoss.harmony import ToolCall
+
+    calls = [ToolCall(name="python", arguments="import time\ntime.sleep(0.4)\nprint('a')", recipient="python")]
+    calls += [("python", "import time\ntime.sleep(0.4)\nprint('b')"), ("python", '{"code": "print(3)"}'),
+              ("calculator", "{}"), ("python", '{"code": 3}')]
+    start = time.monotonic()
+    messages = run_tool_calls(calls, [tool], max_chars=300)
+    elapsed = time.monotonic() - start
+    assert [m["name"] for m in messages] == ["python", "python", "python", "calculator", "python"]
+    assert [m["content"] for m in messages[:3]] == ["a", "b", "3"]
+    assert "no tool named 'calculator'" in messages[3]["content"]
+    assert "must be a JSON string" in messages[4]["content"]
+    assert elapsed < sum(0.4 for _ in range(2)) + 0.4 + 1.0  # the two sleeps overlap
+    with pytest.raises(ValueError, match="unique"):
+        run_tool_calls([], [tool, tool])
