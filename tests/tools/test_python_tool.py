@@ -90,3 +90,13 @@ def test_run_tool_calls_in_parallel_with_errors_as_messages(tool):
     assert elapsed < sum(0.4 for _ in range(2)) + 0.4 + 1.0  # the two sleeps overlap
     with pytest.raises(ValueError, match="unique"):
         run_tool_calls([], [tool, tool])
+
+
+def test_harmony_renders_the_tool_in_the_developer_message(tool):
+    from trl_gptoss.harmony import build_messages
+    from trl_gptoss.harmony.render import developer_text
+
+    developer = build_messages([{"role": "user", "content": "hi"}], tools=[tool])[1]
+    text = developer_text(developer.content)
+    assert "namespace functions {" in text and "type python = (_: {" in text
+    assert "code: string," in text and tool.description in text
