@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from transformers import AttentionInterface
@@ -42,7 +42,6 @@ class _ShardedForward:
     sp: SequenceParallelGroup
     local_positions: torch.Tensor | None = None
     global_positions: torch.Tensor | None = None
-    masks: dict = field(default_factory=dict)
 
     def positions(self, local: torch.Tensor, batch: int) -> torch.Tensor:
         """``local: [B or 1, T/n]`` -> global ``[B, T]`` (every layer passes the same tensor object)."""
@@ -50,7 +49,6 @@ class _ShardedForward:
             expanded = local.expand(batch, -1)
             gathered = gather_sequence_no_grad(expanded.transpose(0, 1).contiguous(), self.sp)
             self.local_positions, self.global_positions = local, gathered.transpose(0, 1)
-            self.masks.clear()
         return self.global_positions
 
 
@@ -133,10 +131,11 @@ def ulysses_attention_forward(module, query, key, value, attention_mask, scaling
     for local_only in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"):
         kwargs.pop(local_only, None)  # documents are taken from the gathered positions instead
     if inner == "eager":
-        mask = state.masks.get(window)
-        if mask is None:
-            mask = state.masks[window] = additive_mask(positions, window, query.dtype)
+        # rebuilt per layer rather than cached: an O(T^2) mask per window held for the whole forward would
+        # not shrink with sp (eager's backward does not keep it)
+        mask = additive_mask(positions, window, query.dtype)
         out, _ = eager_attention_forward(view, query, key, value, mask, scaling=scaling, dropout=dropout)
+        del mask
     else:
         out, _ = _inner_function(inner)(view, query, key, value, None, scaling=scaling, dropout=dropout,
                                         sliding_window=window, s_aux=sinks, position_ids=positions, **kwargs)
