@@ -181,7 +181,7 @@ def test_daemon_that_outlives_the_call_is_killed(sandbox):
     )
     result = sandbox.run(code)
     assert result.ok and "parent leaves" in result.stdout
-    assert result.wall_time < 2.0, "a daemon holding the output pipes must not stall the call"
+    assert result.wall_time < 3.0, "a daemon holding the output pipes must not stall the call"
     # _nothing_left_behind then asserts the grandchild is gone.
 
 
