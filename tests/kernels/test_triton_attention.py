@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
+os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are decorated: before that import
 
 from dataclasses import dataclass  # noqa: E402
 
@@ -18,7 +18,8 @@ from gptoss_kernels.triton import launchers, sink_attention_triton  # noqa: E402
 pytestmark = pytest.mark.timeout(300)
 
 CPU_OK = launchers.INTERPRETED or torch.cuda.is_available()
-needs_kernel_device = pytest.mark.skipif(not CPU_OK, reason="TRITON_INTERPRET=1 was not set before triton")
+needs_kernel_device = pytest.mark.skipif(
+    not CPU_OK, reason="no CUDA, and gptoss_kernels.triton was imported before TRITON_INTERPRET=1 was set")
 NAMES = ("o", "dq", "dk", "dv", "dsinks")
 
 
