@@ -252,6 +252,17 @@ def test_bad_input_raises_value_error(overrides, message):
         sink_attention_triton(args.pop("q"), args.pop("k"), args.pop("v"), args.pop("sinks"), **args)
 
 
+def test_cpu_tensors_without_the_interpreter_raise_value_error():
+    """Compiled (non-interpreted) kernels cannot take CPU tensors: say so instead of crashing in the driver."""
+    code = ("import torch; from gptoss_kernels.triton import sink_attention_triton as f; "
+            "cu = torch.tensor([0, 8], dtype=torch.int32); q = torch.randn(8, 2, 16)\n"
+            "try:\n    f(q, q, q, torch.zeros(2), cu_seqlens=cu, max_seqlen=8)\n"
+            "except ValueError as err:\n    print(err)")
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert "needs CUDA tensors" in run.stdout, run.stdout + run.stderr[-2000:]
+
+
 AOT_TARGETS = {"sm90-bf16-window128": ["--arch", "90", "--dtype", "bf16", "--window", "128"],
                "sm80-fp16-full": ["--arch", "80", "--dtype", "fp16"]}
 
