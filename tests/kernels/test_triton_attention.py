@@ -242,6 +242,7 @@ BAD_INPUTS = {
     "scale-negative": (dict(scale=-1.0), "scale"),
     "block-8": (dict(block_sizes=(8, 16)), "BLOCK_M"),
     "block-24": (dict(block_sizes=(16, 24)), "BLOCK_N"),
+    "block-sizes-not-a-pair": (dict(block_sizes=32), "pair"),
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from gptoss_kernels.triton.launchers import check_triton_inputs, launch_config, sink_attention_bwd, sink_attention_fwd
 
@@ -18,6 +19,7 @@ class SinkAttentionTritonFunction(torch.autograd.Function):
         return o
 
     @staticmethod
+    @once_differentiable  # the backward kernels are not differentiable themselves: fail loudly on double backward
     def backward(ctx, do):
         q, k, v, sinks, o, lse, cu_seqlens = ctx.saved_tensors
         max_seqlen, window, scale, block_sizes = ctx.launch_args

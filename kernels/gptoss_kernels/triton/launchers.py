@@ -55,7 +55,7 @@ def check_triton_inputs(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale):
                          f"got {head_dim}")
     if q.device.type != "cuda" and not (INTERPRETED and q.device.type == "cpu"):
         raise ValueError(f"q is on {q.device}: the Triton kernel needs CUDA tensors, or CPU tensors with "
-                         "TRITON_INTERPRET=1 set before triton is imported")
+                         "TRITON_INTERPRET=1 set before gptoss_kernels.triton is imported")
     lengths = cu_seqlens[1:] - cu_seqlens[:-1]
     longest = int(lengths.max()) if lengths.numel() else 0
     if not isinstance(max_seqlen, int) or isinstance(max_seqlen, bool) or max_seqlen < longest:
@@ -78,6 +78,8 @@ def launch_config(device_type, head_dim, backward, block_sizes=None, dtype=torch
     or FlashAttention-2 tiles on CUDA: fwd 128x64 for 16-bit D <= 64 (fp32 tiles take twice the shared
     memory, so 64x64 there), bwd 64x64 so the dK, dV, Q and dO tiles stay in registers."""
     if block_sizes is not None:
+        if not isinstance(block_sizes, (tuple, list)) or len(block_sizes) != 2:
+            raise ValueError(f"block_sizes must be a pair (BLOCK_M, BLOCK_N), got {block_sizes!r}")
         block_m, block_n = block_sizes
         _check_block("BLOCK_M", block_m)
         _check_block("BLOCK_N", block_n)
