@@ -3,12 +3,14 @@
 Every rank builds the same tiny GPT-OSS and the batches of ALL ranks (seeded by rank), so it can compute the
 reference itself: plain upstream eager, one document at a time (no packing, no SP), loss of each rank's batch,
 gradient of ``sum_k loss_k / world`` -- what plain DDP produces. The sharded run then does one
-``forward_backward`` under DDP or FSDP2 and reports max |diff| of loss, logits and every parameter gradient.
+``forward_backward`` under DDP, FSDP2 or accelerate's DDP and reports max |diff| of loss, logits and every
+parameter gradient.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 import torch.distributed as dist
@@ -87,14 +89,23 @@ def reference_step(dtype, batches, world):
     return [loss.detach() for loss in losses], logits, grads
 
 
-def wrap(model, how, world):
+def wrap(model, how, rank, world):
+    """``(wrapped model, accelerator or None)``: torch DDP, torch FSDP2, or accelerate's own DDP preparation."""
     if how == "ddp":
-        return DistributedDataParallel(model)
+        return DistributedDataParallel(model), None
     if how == "fsdp2":
         mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (world,))
         for layer in model.model.layers:
             fully_shard(layer, mesh=mesh)
-        return fully_shard(model, mesh=mesh)
+        return fully_shard(model, mesh=mesh), None
+    if how == "accelerate":
+        # accelerate adopts the gloo group the harness initialised; these variables make it see MULTI_CPU
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                          LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
+        from accelerate import Accelerator
+
+        accelerator = Accelerator(cpu=True)
+        return accelerator.prepare(model), accelerator
     raise ValueError(how)
 
 
@@ -152,9 +163,9 @@ def run_scenario(rank, world, scenario):
     batches = [make_batch(seed=k) for k in range(world)]
     ref_losses, ref_logits, ref_grads = reference_step(dtype, batches, world)
     model = build_model(dtype)
-    wrapped = wrap(model, scenario["wrap"], world)
+    wrapped, accelerator = wrap(model, scenario["wrap"], rank, world)
     plugin = ContextParallelPlugin(sp_size=sp_size, inner_attention=scenario["inner"])
-    runner = prepare_context_parallel(None, wrapped, plugin)
+    runner = prepare_context_parallel(accelerator, wrapped, plugin)
     ids, attention_mask, completion_mask, advantages = batches[rank]
     with first_sinks_on_every_rank(scenario.get("wrong_sinks", False)):
         result = runner.forward_backward(ids, attention_mask, grpo_loss_fn(completion_mask, advantages))

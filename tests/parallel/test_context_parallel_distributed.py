@@ -1,4 +1,5 @@
-"""Sharded (sp = 2, 4) vs unsharded per-document GPT-OSS: loss, logits and every gradient, DDP and FSDP2.
+"""Sharded (sp = 2, 4) vs unsharded per-document GPT-OSS: loss, logits and every gradient; DDP, FSDP2 and
+accelerate-prepared DDP.
 
 One spawn per world size runs all its scenarios (process start-up dominates the cost). Tiny GPT-OSS has
 4 query / 2 KV heads: sp = 2 splits KV heads (sp <= Hkv), sp = 4 replicates them (sp > Hkv).
@@ -35,6 +36,7 @@ def _failures(results, scenarios):
 
 WORLD2 = [_scenario(2, wrap, inner) for wrap in ("ddp", "fsdp2") for inner in ("eager", "fa3_sink")]
 WORLD2.append(_scenario(2, "ddp", "eager", "float64"))
+WORLD2.append(_scenario(2, "accelerate", "fa3_sink"))  # accelerate's prepare/no_sync/backward
 WORLD4 = [_scenario(4, wrap, inner) for wrap in ("ddp", "fsdp2") for inner in ("eager", "fa3_sink")]
 WORLD4.append(_scenario(2, "fsdp2", "fa3_sink"))  # two SP groups of 2 inside a data-parallel world of 4
 
