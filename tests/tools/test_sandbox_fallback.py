@@ -82,3 +82,16 @@ def test_python_level_socket_block(fallback):
         code = f"import socket\nsocket.create_connection(('127.0.0.1', {server.getsockname()[1]}))"
         result = fallback.run(code)
     assert "network access is disabled" in result.stderr
+
+
+def test_fork_bomb_is_contained_without_namespaces(fallback):
+    result = fallback.run("import os\nwhile True:\n    os.fork()\n")
+    assert not result.ok
+    assert "BlockingIOError" in result.stderr or result.timed_out
+
+
+def test_interpreter_the_sandbox_uid_cannot_reach_is_refused():
+    if os.geteuid() != 0 or not os.path.realpath(sys.executable).startswith("/root/"):
+        pytest.skip("needs an interpreter the per-call uid cannot reach (root + a pyenv under /root)")
+    with pytest.raises(ValueError, match="world-readable interpreter"):
+        PythonSandbox(isolation="process")

@@ -1,5 +1,9 @@
 """PID 1 of one sandboxed call: prepares the namespaces, runs the model's code, reaps, exits.
 
+(With ``"mode": "process"`` — the fallback isolation — it only joins the cgroups, sets the limits, drops
+privileges and execs the program: a launcher that spares the host a ``preexec_fn``, which forks the whole
+host process and can deadlock when the host has threads.)
+
 This file is executed (never imported) as ``python -I -S _sandbox_init.py CONFIG_JSON`` by
 ``unshare --net --pid --mount --fork --kill-child --mount-proc``, i.e. as root inside fresh network, PID
 and mount namespaces. The code to run arrives on stdin. Steps, all inside the private mount namespace so
@@ -95,10 +99,9 @@ def prepare_filesystem(cfg):
     os.chown(WORKDIR, cfg["uid"], cfg["uid"])
 
 
-def _set_limits(limits):
-    as_bytes = limits["address_space_bytes"]
-    for res, value in ((resource.RLIMIT_CPU, limits["cpu_seconds"]), (resource.RLIMIT_AS, as_bytes),
-                       (resource.RLIMIT_NPROC, limits["max_processes"]),
+def _set_limits(limits, nproc):
+    for res, value in ((resource.RLIMIT_CPU, limits["cpu_seconds"]),
+                       (resource.RLIMIT_AS, limits["address_space_bytes"]), (resource.RLIMIT_NPROC, nproc),
                        (resource.RLIMIT_FSIZE, limits["file_size_bytes"]),
                        (resource.RLIMIT_NOFILE, limits["open_files"]), (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(res, (value, value))
@@ -114,16 +117,25 @@ def join_cgroups(procs_paths):
             os.close(fd)
 
 
-def run_child(cfg):
-    """Child side of the fork: drop privileges and exec the model's program (never returns)."""
+def run_child(cfg, workdir, argv):
+    """Drop privileges (when ``cfg["uid"]`` is set), apply the rlimits, exec ``argv`` (never returns)."""
     uid = cfg["uid"]
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    _set_limits(cfg["limits"])
-    os.setresuid(uid, uid, uid)
+    if uid is not None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+    _set_limits(cfg["limits"], cfg.get("nproc") or cfg["limits"]["max_processes"])
+    if uid is not None:
+        os.setresuid(uid, uid, uid)
     _check(LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
-    os.chdir(WORKDIR)
-    os.execve(cfg["python"], [cfg["python"], "-I", "-u", "main.py"], cfg["env"])
+    os.chdir(workdir)
+    os.execve(argv[0], argv, cfg["env"])
+
+
+def run_process_mode(cfg):
+    """Fallback isolation: no namespaces; join the cgroups, limit, drop and exec in this very process
+    (same pid and process group as the host launched, so the host's kill reaches the program)."""
+    join_cgroups(cfg["cgroup_procs"])
+    run_child(cfg, cfg["workdir"], cfg["argv"])
 
 
 def reap_until(child):
@@ -137,6 +149,12 @@ def reap_until(child):
 
 def main():
     cfg = json.loads(sys.argv[1])
+    if cfg["mode"] == "process":
+        try:
+            run_process_mode(cfg)
+        except BaseException as exc:  # noqa: BLE001 - report any set-up failure, then die
+            os.write(2, f"sandbox launcher: could not start the program: {exc!r}\n".encode())
+        os._exit(125)
     code = sys.stdin.buffer.read()
     devnull = os.open("/dev/null", os.O_RDONLY)
     os.dup2(devnull, 0)
@@ -156,7 +174,7 @@ def main():
         try:
             signal.alarm(0)
             signal.signal(signal.SIGALRM, signal.SIG_DFL)
-            run_child(cfg)
+            run_child(cfg, WORKDIR, [cfg["python"], "-I", "-u", "main.py"])
         except BaseException as exc:  # noqa: BLE001 - report any set-up failure, then die
             os.write(2, f"sandbox init: could not start the program: {exc!r}\n".encode())
         os._exit(125)

@@ -7,8 +7,8 @@ a whole: ``memory`` (limit on resident memory + swap; the kernel OOM-kills insid
 hierarchy with both controllers enabled). Without write access (not root, read-only cgroupfs) the
 sandbox runs without cgroups and says so in ``PythonSandbox.cgroups``.
 
-The call's first process joins by writing ``0`` ("myself") to each ``cgroup.procs`` before it starts the
-model's code; its descendants inherit the groups.
+The call's first process (``_sandbox_init.py``) joins by writing ``0`` ("myself") to each ``cgroup.procs``
+before it starts the model's code; its descendants inherit the groups.
 """
 
 from __future__ import annotations
@@ -96,12 +96,3 @@ def call_cgroups(marker: str, memory_bytes: int, max_processes: int) -> Iterator
     finally:
         _remove(directories)
 
-
-def join(procs_paths: list[str]) -> None:
-    """Move the calling process into the groups (runs in the child before exec: ``os`` calls only)."""
-    for path in procs_paths:
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            os.write(fd, b"0")
-        finally:
-            os.close(fd)

@@ -61,7 +61,7 @@ def interpreter_dirs(python: str) -> tuple[str, ...]:
     return tuple(sorted({os.path.realpath(p) for p in [*prefixes, real_dir]}))
 
 
-def _first_closed_ancestor(path: str) -> str | None:
+def first_closed_ancestor(path: str) -> str | None:
     """The outermost ancestor of ``path`` that other users may not traverse (no ``o+x``), if any."""
     parts = path.strip("/").split("/")
     for i in range(1, len(parts)):
@@ -79,7 +79,7 @@ def hide_plan(python: str) -> list[tuple[str, list[str]]]:
     """
     keep = interpreter_dirs(python)
     hidden = {d for d in ALWAYS_HIDDEN if os.path.isdir(d) and not os.path.islink(d)}
-    hidden |= {a for a in map(_first_closed_ancestor, keep) if a is not None}
+    hidden |= {a for a in map(first_closed_ancestor, keep) if a is not None}
     plan = []
     for hide in sorted(hidden):
         inside = [p for p in keep if p.startswith(hide + "/")]

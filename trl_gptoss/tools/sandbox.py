@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import resource
 import selectors
 import shutil
 import signal
@@ -80,6 +79,8 @@ class PythonSandbox:
         self._uids = iso.UidSlots()
         self._hide_plan = iso.hide_plan(self.python) if self.isolation == "namespaces" else []
         self._is_root = os.geteuid() == 0
+        if self.isolation == "process" and self._is_root:
+            _check_reachable_by_others(self.python)
         self.cgroups = cgroups.cgroup_layout()  # "v1", "v2" or None: whole-call memory/process caps
 
     def run(self, code: str) -> ToolResult:
@@ -124,10 +125,10 @@ class PythonSandbox:
         return self._launch_process(code, call_dir, uid, marker, list(procs_paths))
 
     def _launch_namespaced(self, code, call_dir, uid, marker, procs_paths):
-        config = {"call_dir": call_dir, "uid": uid, "hide": self._hide_plan, "python": self.python,
-                  "env": self._env(marker), "limits": asdict(self.limits), "cgroup_procs": procs_paths}
-        argv = [shutil.which("unshare"), *iso.UNSHARE_FLAGS, sys.executable, "-I", "-S", _INIT_SCRIPT,
-                json.dumps(config)]
+        config = {"mode": "namespaces", "call_dir": call_dir, "uid": uid, "hide": self._hide_plan,
+                  "python": self.python, "env": self._env(marker), "limits": asdict(self.limits),
+                  "cgroup_procs": procs_paths}
+        argv = [shutil.which("unshare"), *iso.UNSHARE_FLAGS, *self._launcher(config)]
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 cwd=call_dir, env={iso.MARKER_VAR: marker}, start_new_session=True)
         try:
@@ -149,11 +150,17 @@ class PythonSandbox:
             for path in (workdir, os.path.join(workdir, "main.py")):
                 os.chown(path, uid, uid)
         nproc = self.limits.max_processes + (0 if drop_to is not None else _count_own_processes())
-        limits = self.limits
-        argv = [self.python, "-I", "-u", "-c", _SOCKET_BLOCK_PREAMBLE]
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                cwd=workdir, env=self._env(marker), start_new_session=True,
-                                preexec_fn=lambda: _limit_and_drop(limits, nproc, drop_to, procs_paths))
+        config = {"mode": "process", "uid": drop_to, "nproc": nproc, "workdir": workdir,
+                  "argv": [self.python, "-I", "-u", "-c", _SOCKET_BLOCK_PREAMBLE], "env": self._env(marker),
+                  "limits": asdict(self.limits), "cgroup_procs": procs_paths}
+        return subprocess.Popen(self._launcher(config), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, cwd=workdir, env=self._env(marker),
+                                start_new_session=True)
+
+    @staticmethod
+    def _launcher(config: dict) -> list[str]:
+        """The trusted set-up process (``_sandbox_init.py``), run by this interpreter in isolated mode."""
+        return [sys.executable, "-I", "-S", _INIT_SCRIPT, json.dumps(config)]
 
     def _exit_code(self, returncode: int | None, killed_by_us: bool) -> int | None:
         if returncode is None:
@@ -174,23 +181,15 @@ def _resolve_isolation(requested: str) -> str:
     return requested
 
 
-def _limit_and_drop(limits: SandboxLimits, nproc: int, uid: int | None, procs_paths: list[str]) -> None:
-    """Runs in the forked child before exec (fallback isolation): cgroups, rlimits, then drop to ``uid``.
-
-    Only calls into already-imported modules: importing here could deadlock on a lock held by another
-    thread of the parent at fork time.
-    """
-    cgroups.join(procs_paths)
-    if uid is not None:
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-    for res, value in ((resource.RLIMIT_CPU, limits.cpu_seconds),
-                       (resource.RLIMIT_AS, limits.address_space_bytes), (resource.RLIMIT_NPROC, nproc),
-                       (resource.RLIMIT_FSIZE, limits.file_size_bytes),
-                       (resource.RLIMIT_NOFILE, limits.open_files), (resource.RLIMIT_CORE, 0)):
-        resource.setrlimit(res, (value, value))
-    if uid is not None:
-        os.setresuid(uid, uid, uid)
+def _check_reachable_by_others(python: str) -> None:
+    """Process isolation as root runs the code under a per-call uid: it must be able to start ``python``."""
+    blocked = [d for d in iso.interpreter_dirs(python) if iso.first_closed_ancestor(d) is not None]
+    if blocked:
+        raise ValueError(
+            f"python_executable={python!r} lives under {iso.first_closed_ancestor(blocked[0])!r}, which the "
+            "sandbox's unprivileged uid cannot enter; pass a world-readable interpreter (e.g. /usr/bin/python3) "
+            "or use isolation='namespaces'."
+        )
 
 
 def _count_own_processes() -> int:
