@@ -3,9 +3,9 @@
 Usage: ``python benchmarks/bench_sandbox.py [--calls 40] [--batch 200] [--out benchmarks/results/sandbox.json]``
 
 Workloads (each verified before it is timed: every call must print the expected value):
-- overhead: sequential ``print(1)`` calls; median / p90 wall time per call for ``process`` and
-  ``namespaces`` isolation, and for the same interpreter started bare (``subprocess.run([python, -I, -c,
-  ...])``, no isolation: the floor). Overhead = sandbox median - bare median.
+- overhead: sequential ``print(1)`` calls, the variants interleaved round-robin; median / p90 wall time
+  per call for ``process`` and ``namespaces`` isolation, and for the same interpreter started bare
+  (``subprocess.run([python, -I, -c, ...])``, no isolation: the floor). Overhead = sandbox - bare median.
 - concurrency: ``run_many`` of ``--batch`` calls that each sleep 50 ms, for several ``max_concurrency``;
   reports calls/s and speed-up over ``max_concurrency=1``.
 """
@@ -30,16 +30,21 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _time_calls(run_one, calls: int) -> dict:
-    run_one()  # warm-up: page cache, interpreter probe
-    times = []
+def _time_interleaved(variants: dict, calls: int) -> dict:
+    """Time ``variants`` (name -> zero-argument function returning stdout) round-robin, so load spikes on
+    this shared host hit every variant alike; each output is verified."""
+    for run_one in variants.values():
+        run_one()  # warm-up: page cache, interpreter probe
+    times = {name: [] for name in variants}
     for _ in range(calls):
-        start = time.perf_counter()
-        out = run_one()
-        times.append(time.perf_counter() - start)
-        if out.strip() != "1":
-            raise RuntimeError(f"verification failed: expected '1', got {out!r}")
-    return {"median_ms": 1e3 * statistics.median(times), "p90_ms": 1e3 * _percentile(times, 0.9), "calls": calls}
+        for name, run_one in variants.items():
+            start = time.perf_counter()
+            out = run_one()
+            times[name].append(time.perf_counter() - start)
+            if out.strip() != "1":
+                raise RuntimeError(f"verification failed for {name}: expected '1', got {out!r}")
+    return {name: {"median_ms": 1e3 * statistics.median(t), "p90_ms": 1e3 * _percentile(t, 0.9), "calls": calls}
+            for name, t in times.items()}
 
 
 def _bare(python: str):
@@ -49,14 +54,20 @@ def _bare(python: str):
 def bench_overhead(calls: int, python: str) -> dict:
     """Per level: the sandbox's median call, and the same interpreter started bare (the floor)."""
     levels = ["process"] + (["namespaces"] if detect_isolation() == "namespaces" else [])
+    # As root, process isolation drops to a per-call uid that needs a world-readable interpreter.
+    exes = {level: shutil.which("python3", path="/usr/bin:/bin") if level == "process" and os.geteuid() == 0
+            else python for level in levels}
+    variants = {}
+    for level in levels:
+        sandbox = PythonSandbox(isolation=level, python_executable=exes[level])
+        variants[level] = lambda sb=sandbox: sb.run("print(1)").stdout
+        variants[f"bare:{level}"] = _bare(exes[level])
+    timed = _time_interleaved(variants, calls)
     rows = {}
     for level in levels:
-        # As root, process isolation drops to a per-call uid that needs a world-readable interpreter.
-        exe = shutil.which("python3", path="/usr/bin:/bin") if level == "process" and os.geteuid() == 0 else python
-        sandbox = PythonSandbox(isolation=level, python_executable=exe)
-        bare = _time_calls(_bare(exe), calls)
-        row = _time_calls(lambda sb=sandbox: sb.run("print(1)").stdout, calls)
-        row.update(python=exe, bare_median_ms=bare["median_ms"], overhead_ms=row["median_ms"] - bare["median_ms"])
+        row, bare = timed[level], timed[f"bare:{level}"]
+        row.update(python=exes[level], bare_median_ms=bare["median_ms"],
+                   overhead_ms=row["median_ms"] - bare["median_ms"])
         rows[level] = row
     return rows
 
