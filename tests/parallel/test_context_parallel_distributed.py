@@ -20,8 +20,9 @@ TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
 METRICS = ("loss", "logits", "grad_sinks", "grad_attention", "grad_other")
 
 
-def _scenario(sp, wrap, inner, dtype="float32", **extra):
-    return dict(id=f"sp{sp}-{inner}-{wrap}-{dtype}", sp=sp, wrap=wrap, inner=inner, dtype=dtype, **extra)
+def _scenario(sp, wrap, inner, dtype="float32", wrong_sinks=False):
+    name = f"sp{sp}-{inner}-{wrap}-{dtype}" + ("-first-sinks-everywhere" if wrong_sinks else "")
+    return dict(id=name, sp=sp, wrap=wrap, inner=inner, dtype=dtype, wrong_sinks=wrong_sinks)
 
 
 def _failures(results, scenarios):
