@@ -11,9 +11,12 @@ from dataclasses import dataclass  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from gptoss_kernels import sink_attention_ref  # noqa: E402
 from gptoss_kernels.triton import launchers, sink_attention_triton  # noqa: E402
+from gptoss_kernels.triton.common import _cast  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -63,8 +66,8 @@ def _nan_filled_outputs(monkeypatch):
     monkeypatch.setattr(launchers, "FILL_OUTPUTS_WITH_NAN", True)
 
 
-def _cu_seqlens(lens):
-    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+def _cu_seqlens(lens, device="cpu"):
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
 
 
 def _inputs(case, dtype=torch.float64):
@@ -90,13 +93,13 @@ def _grads(fn, q, k, v, sinks, do):
 
 
 def _reference64(case, q, k, v, sinks, do):
-    cu = _cu_seqlens(case.lens)
+    cu = _cu_seqlens(case.lens, q.device)
     fn = lambda q, k, v, s: sink_attention_ref(q, k, v, s, cu_seqlens=cu, window=case.window, scale=case.scale)
     return _grads(fn, *(t.double() for t in (q, k, v, sinks, do)))
 
 
 def _triton(case, q, k, v, sinks, do):
-    cu = _cu_seqlens(case.lens)
+    cu = _cu_seqlens(case.lens, q.device)
     fn = lambda q, k, v, s: sink_attention_triton(q, k, v, s, cu_seqlens=cu, max_seqlen=max(case.lens),
                                                   window=case.window, scale=case.scale, block_sizes=case.blocks)
     return _grads(fn, q, k, v, sinks, do)
@@ -170,7 +173,7 @@ def _dsinks_from_output(case, q, k, v, sinks, do, o):
     inherits the forward's error in O. Fed with the low-precision PyTorch output, this is the kernel's own
     dsinks formula run in PyTorch: the yardstick for dsinks (O's own error is checked separately).
     """
-    _, lse = sink_attention_ref(*(t.double() for t in (q, k, v, sinks)), cu_seqlens=_cu_seqlens(case.lens),
+    _, lse = sink_attention_ref(*(t.double() for t in (q, k, v, sinks)), cu_seqlens=_cu_seqlens(case.lens, q.device),
                                 window=case.window, scale=case.scale, return_lse=True)
     delta = (do.double() * o.double()).sum(-1)
     return -(torch.exp(sinks.double() - lse) * delta).sum(0)
@@ -179,7 +182,12 @@ def _dsinks_from_output(case, q, k, v, sinks, do, o):
 @needs_kernel_device
 @pytest.mark.parametrize(("case", "dtype"), LOWP_CASES.values(), ids=LOWP_CASES.keys())
 def test_low_precision_within_twice_torch_error(case, dtype):
-    q, k, v, sinks, do = _inputs(case, dtype)
+    _check_low_precision(case, dtype, "cpu")
+
+
+def _check_low_precision(case, dtype, device):
+    """``|kernel - ref64| <= 2 |torch_lowp - ref64| + atol`` for o and every gradient (also the GPU test)."""
+    q, k, v, sinks, do = (t.to(device) for t in _inputs(case, dtype))
     sinks = sinks.float()
     ref = _reference64(case, q, k, v, sinks, do)  # float64 math on the same rounded inputs
     lowp = _torch_lowp(case, q, k, v, sinks, do)
@@ -214,6 +222,21 @@ def test_non_contiguous_inputs_and_grad_output():
     ref = _reference64(case, q, k, v, sinks, do)
     for name, actual, expected in zip(NAMES, got, ref):
         _assert_close(name, actual, expected, 1e-5 * max(expected.abs().max().item(), 1.0))
+
+
+@triton.jit
+def _cast_to_bf16_kernel(X, Y, BF16_RTNE: tl.constexpr):
+    offs = tl.arange(0, 1024)
+    tl.store(Y + offs, _cast(tl.load(X + offs), tl.bfloat16, BF16_RTNE))
+
+
+@needs_kernel_device
+def test_bf16_cast_rounds_to_nearest_even_like_the_gpu():
+    """P, dS and the outputs are rounded to bf16 in-kernel; the interpreter must round as the GPU does."""
+    x = torch.randn(1024) * torch.logspace(-6, 6, 1024)
+    y = torch.full((1024,), float("nan"), dtype=torch.bfloat16, device=x.device)
+    _cast_to_bf16_kernel[(1,)](x, y, BF16_RTNE=launchers.INTERPRETED)
+    assert torch.equal(y.view(torch.int16), x.to(torch.bfloat16).view(torch.int16))
 
 
 def _valid_args(**overrides):
@@ -286,16 +309,4 @@ def test_kernels_compile_to_cubin_for_cuda(args, tmp_path):
 @pytest.mark.parametrize("window", [None, 128], ids=["full", "window128"])
 def test_gpt_oss_shape_bf16_on_gpu(window):
     """64 q heads / 8 kv heads, d 64, two documents totalling 4096 tokens, bf16, default CUDA block sizes."""
-    case = Case((3000, 1096), 64, 8, d=64, window=window)
-    q, k, v, sinks, do = (t.cuda() for t in _inputs(case, torch.bfloat16))
-    cu = _cu_seqlens(case.lens).cuda()
-    sinks = sinks.float()
-    ref_fn = lambda q, k, v, s: sink_attention_ref(q, k, v, s, cu_seqlens=cu, window=window)
-    ref = _grads(ref_fn, *(t.float() for t in (q, k, v, sinks, do)))  # fp32 math: T^2 float64 is too big
-    lowp = _torch_lowp(case, q, k, v, sinks, do)
-    fn = lambda q, k, v, s: sink_attention_triton(q, k, v, s, cu_seqlens=cu, max_seqlen=3000, window=window)
-    got = _grads(fn, q, k, v, sinks, do)
-    for name, actual, torch_lowp, expected in zip(NAMES, got, lowp, ref):
-        expected = expected.double()
-        atol = 1e-3 * max(expected.abs().max().item(), 1.0)
-        _assert_close(name, actual, expected, 2 * (torch_lowp.double() - expected).abs().max().item() + atol)
+    _check_low_precision(Case((3000, 1096), 64, 8, d=64, window=window, blocks=None), torch.bfloat16, "cuda")

@@ -15,14 +15,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from gptoss_kernels.triton.common import LOG2E, _allowed, _allowed_t, _dot, _key_range, _query_range
+from gptoss_kernels.triton.common import LOG2E, _allowed, _allowed_t, _cast, _dot, _key_range, _query_range
 
 
 @triton.jit
 def _dq_tiles(dq, q, do, lse2, delta, K, V, bos, i_kh, stride_kt, stride_kh, stride_vt, stride_vh,
               offs_m, seq_len, window, qk_scale, start, end,
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
-              F32_DOT: tl.constexpr, MASKED: tl.constexpr):
+              F32_DOT: tl.constexpr, BF16_RTNE: tl.constexpr, MASKED: tl.constexpr):
     """Accumulate ``dS K`` (unscaled) over the key tiles ``[start, end)`` for one query block."""
     offs_d = tl.arange(0, HEAD_DIM)
     for start_n in range(start, end, BLOCK_N):
@@ -40,7 +40,7 @@ def _dq_tiles(dq, q, do, lse2, delta, K, V, bos, i_kh, stride_kt, stride_kh, str
             p = tl.where(_allowed(offs_m, offs_n, seq_len, window, HAS_WINDOW), p, 0.0)
         dp = _dot(do, tl.trans(v), F32_DOT)
         ds = p * (dp - delta[:, None])
-        dq += _dot(ds.to(k.dtype), k, F32_DOT)
+        dq += _dot(_cast(ds, k.dtype, BF16_RTNE), k, F32_DOT)
     return dq
 
 
@@ -51,6 +51,7 @@ def _sink_attention_bwd_dq_kernel(
     stride_dqt, stride_dqh, stride_lt, scale, window,
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, F32_DOT: tl.constexpr,
+    BF16_RTNE: tl.constexpr,
 ):
     """Grid ``(n_seqs * Hq, cdiv(max_seqlen, BLOCK_M))``; DQ ``[total, Hq, D]`` in q's dtype."""
     i_nh = tl.program_id(0)
@@ -75,19 +76,22 @@ def _sink_attention_bwd_dq_kernel(
 
     lo, full_lo, full_hi, hi = _key_range(start_m, seq_len, window, BLOCK_M, BLOCK_N, HAS_WINDOW)
     tiles = (K, V, bos, i_kh, stride_kt, stride_kh, stride_vt, stride_vh, offs_m, seq_len, window, scale * LOG2E)
-    dq = _dq_tiles(dq, q, do, lse2, delta, *tiles, lo, full_lo, HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT, True)
-    dq = _dq_tiles(dq, q, do, lse2, delta, *tiles, full_lo, full_hi, HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT, False)
-    dq = _dq_tiles(dq, q, do, lse2, delta, *tiles, full_hi, hi, HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT, True)
+    dq = _dq_tiles(dq, q, do, lse2, delta, *tiles, lo, full_lo,
+                   HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT, BF16_RTNE, True)
+    dq = _dq_tiles(dq, q, do, lse2, delta, *tiles, full_lo, full_hi,
+                   HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT, BF16_RTNE, False)
+    dq = _dq_tiles(dq, q, do, lse2, delta, *tiles, full_hi, hi,
+                   HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT, BF16_RTNE, True)
 
     tl.store(DQ + (bos + offs_m)[:, None] * stride_dqt + i_h * stride_dqh + offs_d[None, :],
-             (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+             _cast(dq * scale, DQ.dtype.element_ty, BF16_RTNE), mask=row_ok[:, None])
 
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, Q, DO, LSE, DELTA, bos, i_h, stride_qt, stride_qh, stride_dot, stride_doh,
                 stride_lt, offs_n, seq_len, window, qk_scale, start, end,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                F32_DOT: tl.constexpr, MASKED: tl.constexpr):
+                F32_DOT: tl.constexpr, BF16_RTNE: tl.constexpr, MASKED: tl.constexpr):
     """Accumulate ``P^T dO`` into dv and ``dS^T Q`` (unscaled) into dk over the query tiles ``[start, end)``
     of head ``i_h``; scores are kept transposed, ``[BLOCK_N, BLOCK_M]``."""
     offs_d = tl.arange(0, HEAD_DIM)
@@ -109,9 +113,9 @@ def _dkdv_tiles(dk, dv, k, v, Q, DO, LSE, DELTA, bos, i_h, stride_qt, stride_qh,
         p_t = tl.math.exp2(_dot(k, tl.trans(q), F32_DOT) * qk_scale - lse2[None, :])
         if MASKED:
             p_t = tl.where(_allowed_t(offs_n, offs_m, seq_len, window, HAS_WINDOW), p_t, 0.0)
-        dv += _dot(p_t.to(do.dtype), do, F32_DOT)
+        dv += _dot(_cast(p_t, do.dtype, BF16_RTNE), do, F32_DOT)
         ds_t = p_t * (_dot(v, tl.trans(do), F32_DOT) - delta[None, :])
-        dk += _dot(ds_t.to(q.dtype), q, F32_DOT)
+        dk += _dot(_cast(ds_t, q.dtype, BF16_RTNE), q, F32_DOT)
     return dk, dv
 
 
@@ -122,6 +126,7 @@ def _sink_attention_bwd_dkdv_kernel(
     stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_lt, scale, window,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, F32_DOT: tl.constexpr,
+    BF16_RTNE: tl.constexpr,
 ):
     """Grid ``(n_seqs * Hkv, cdiv(max_seqlen, BLOCK_N))``; DK/DV ``[total, Hkv, D]`` in k's dtype.
 
@@ -150,12 +155,14 @@ def _sink_attention_bwd_dkdv_kernel(
     for g in range(GROUP):
         tiles = (Q, DO, LSE, DELTA, bos, i_kh * GROUP + g, stride_qt, stride_qh, stride_dot, stride_doh,
                  stride_lt, offs_n, seq_len, window, scale * LOG2E)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, *tiles, lo, full_lo, HEAD_DIM, BLOCK_M, HAS_WINDOW, F32_DOT, True)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, *tiles, full_lo, full_hi, HEAD_DIM, BLOCK_M, HAS_WINDOW, F32_DOT,
-                             False)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, *tiles, full_hi, hi, HEAD_DIM, BLOCK_M, HAS_WINDOW, F32_DOT, True)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, *tiles, lo, full_lo,
+                             HEAD_DIM, BLOCK_M, HAS_WINDOW, F32_DOT, BF16_RTNE, True)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, *tiles, full_lo, full_hi,
+                             HEAD_DIM, BLOCK_M, HAS_WINDOW, F32_DOT, BF16_RTNE, False)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, *tiles, full_hi, hi,
+                             HEAD_DIM, BLOCK_M, HAS_WINDOW, F32_DOT, BF16_RTNE, True)
 
     tl.store(DK + (bos + offs_n)[:, None] * stride_dkt + i_kh * stride_dkh + offs_d[None, :],
-             (dk * scale).to(DK.dtype.element_ty), mask=col_ok[:, None])
+             _cast(dk * scale, DK.dtype.element_ty, BF16_RTNE), mask=col_ok[:, None])
     tl.store(DV + (bos + offs_n)[:, None] * stride_dvt + i_kh * stride_dvh + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+             _cast(dv, DV.dtype.element_ty, BF16_RTNE), mask=col_ok[:, None])

@@ -85,3 +85,15 @@ def _allowed_t(offs_n, offs_m, seq_len, window, HAS_WINDOW: tl.constexpr):
     if HAS_WINDOW:
         keep = keep & (offs_n[:, None] > offs_m[None, :] - window)
     return keep
+
+
+@triton.jit
+def _cast(x, dtype: tl.constexpr, BF16_RTNE: tl.constexpr):
+    """``x.to(dtype)`` rounding to nearest even. The GPU's fp32 -> bf16 cast already does; Triton 3.9's CPU
+    interpreter truncates instead, a bias that would make the bf16 tests judge an interpreter artefact, so
+    under the interpreter (``BF16_RTNE``) the fp32 bits are rounded first and the cast is then exact."""
+    if BF16_RTNE:
+        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(dtype)

@@ -19,14 +19,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from gptoss_kernels.triton.common import LN2, LOG2E, _allowed, _dot, _key_range
+from gptoss_kernels.triton.common import LN2, LOG2E, _allowed, _cast, _dot, _key_range
 
 
 @triton.jit
 def _fwd_tiles(acc, l_i, m_i, q, K, V, bos, i_kh, stride_kt, stride_kh, stride_vt, stride_vh,
                offs_m, seq_len, window, qk_scale, start, end,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
-               F32_DOT: tl.constexpr, MASKED: tl.constexpr):
+               F32_DOT: tl.constexpr, BF16_RTNE: tl.constexpr, MASKED: tl.constexpr):
     """Online-softmax update over the key tiles ``[start, end)``; ``MASKED=False`` only for tiles every row
     of the block fully sees (no causal/window/tail mask to build). Returns the new ``(acc, l_i, m_i)``."""
     offs_d = tl.arange(0, HEAD_DIM)
@@ -51,7 +51,7 @@ def _fwd_tiles(acc, l_i, m_i, q, K, V, bos, i_kh, stride_kt, stride_kh, stride_v
         p = tl.math.exp2(s - m_ref[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         # p is rounded to V's dtype before the product, as every FlashAttention kernel does.
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32_DOT)
+        acc = acc * alpha[:, None] + _dot(_cast(p, v.dtype, BF16_RTNE), v, F32_DOT)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -63,6 +63,7 @@ def _sink_attention_fwd_kernel(
     stride_lt, scale, window,
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, F32_DOT: tl.constexpr,
+    BF16_RTNE: tl.constexpr,
 ):
     """Grid ``(n_seqs * Hq, cdiv(max_seqlen, BLOCK_M))``. Q/OUT ``[total, Hq, D]``, K/V ``[total, Hkv, D]``,
     LSE ``[total, Hq]`` fp32, SINKS ``[Hq]`` fp32, CU_SEQLENS int32 ``[n_seqs + 1]``."""
@@ -88,15 +89,17 @@ def _sink_attention_fwd_kernel(
 
     lo, full_lo, full_hi, hi = _key_range(start_m, seq_len, window, BLOCK_M, BLOCK_N, HAS_WINDOW)
     tiles = (K, V, bos, i_kh, stride_kt, stride_kh, stride_vt, stride_vh, offs_m, seq_len, window, qk_scale)
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, *tiles, lo, full_lo, HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT, True)
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, *tiles, full_lo, full_hi, HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT,
-                               False)
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, *tiles, full_hi, hi, HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT, True)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, *tiles, lo, full_lo,
+                               HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT, BF16_RTNE, True)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, *tiles, full_lo, full_hi,
+                               HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT, BF16_RTNE, False)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, *tiles, full_hi, hi,
+                               HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT, BF16_RTNE, True)
 
     # l is 0 only for padding rows past the document end under a -inf sink; they are never stored.
     l_i = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_i[:, None]
     lse = (m_i + tl.math.log2(l_i)) * LN2
     tl.store(OUT + (bos + offs_m)[:, None] * stride_ot + i_h * stride_oh + offs_d[None, :],
-             o.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+             _cast(o, OUT.dtype.element_ty, BF16_RTNE), mask=row_ok[:, None])
     tl.store(LSE + (bos + offs_m) * stride_lt + i_h, lse, mask=row_ok)

@@ -98,6 +98,7 @@ def kernel_meta(dtype, group, head_dim, has_window, config):
     return {
         "GROUP": group, "HEAD_DIM": head_dim, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
         "HAS_WINDOW": has_window, "F32_DOT": dtype == torch.float32 or INTERPRETED,
+        "BF16_RTNE": INTERPRETED and dtype == torch.bfloat16,
         "num_warps": config.num_warps, "num_stages": config.num_stages,
     }
 
