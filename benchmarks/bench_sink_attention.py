@@ -99,8 +99,9 @@ def _rss_kib(field):
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def run_case(impl, seqlen, window, reps):
+def run_case(impl, seqlen, window, reps, threads):
     """In this (fresh) process: peak extra RSS of the first fwd+bwd, best time over ``reps`` runs."""
+    torch.set_num_threads(threads)
     leaves = _inputs(seqlen)
     grad = torch.randn(1, seqlen, HQ, DIM)
     before = _rss_kib("VmRSS")
@@ -121,8 +122,8 @@ def run_case(impl, seqlen, window, reps):
                 peak_mib=peak_mib, finite=finite, threads=torch.get_num_threads())
 
 
-def _spawn(impl, seqlen, window, reps):
-    cmd = [sys.executable, __file__, "--case", impl, str(seqlen), str(window or 0), str(reps)]
+def _spawn(impl, seqlen, window, reps, threads):
+    cmd = [sys.executable, __file__, "--case", impl, str(seqlen), str(window or 0), str(reps), str(threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         return dict(impl=impl, seqlen=seqlen, window=window, error=proc.stderr.strip().splitlines()[-1:])
@@ -146,27 +147,30 @@ def _table(rows):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--case", nargs=4, metavar=("IMPL", "T", "WINDOW", "REPS"), help=argparse.SUPPRESS)
+    parser.add_argument("--case", nargs=5, metavar=("IMPL", "T", "WINDOW", "REPS", "THREADS"),
+                        help=argparse.SUPPRESS)
     parser.add_argument("--lengths", default="1024,2048", help="T for the eager comparison (<= 2048)")
     parser.add_argument("--long", default="8192,16384,32768", help="extra T for chunked, window 128")
     parser.add_argument("--long-full", default="8192,16384", help="extra T for chunked, full attention")
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch threads; 1 gives comparable cpu-s on a contended machine (no spin-waiting)")
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.case:
-        impl, seqlen, window, reps = args.case
-        print(json.dumps(run_case(impl, int(seqlen), int(window) or None, int(reps))))
+        impl, seqlen, window, reps, threads = args.case
+        print(json.dumps(run_case(impl, int(seqlen), int(window) or None, int(reps), int(threads))))
         return
     verify()
     rows = []
     for seqlen in (int(t) for t in args.lengths.split(",") if t):
         for window in (WINDOW, None):
             for impl in ("eager", "chunked", "sdpa-no-sinks"):
-                rows.append(_spawn(impl, seqlen, window, args.reps))
+                rows.append(_spawn(impl, seqlen, window, args.reps, args.threads))
                 print(rows[-1], flush=True)
     for window, lengths in ((WINDOW, args.long), (None, args.long_full)):
         for seqlen in (int(t) for t in lengths.split(",") if t):
-            rows.append(_spawn("chunked", seqlen, window, 1))
+            rows.append(_spawn("chunked", seqlen, window, 1, args.threads))
             print(rows[-1], flush=True)
     print(_table(rows))
     meta = dict(shape=dict(hq=HQ, hkv=HKV, head_dim=DIM, batch=1), dtype="float32", cpu_count=os.cpu_count(),
