@@ -28,6 +28,14 @@ def test_prints_and_exit_codes(sandbox):
     assert killed.exit_code == -11, killed
 
 
+def test_closing_its_own_output_does_not_end_the_call_early(sandbox):
+    finishes = sandbox.run("import os, time\nos.close(1)\nos.close(2)\ntime.sleep(0.3)\nos._exit(3)")
+    assert finishes.exit_code == 3 and not finishes.timed_out and finishes.wall_time >= 0.3
+    hangs = PythonSandbox(SandboxLimits(**{**TIGHT, "wall_seconds": 1.0})).run(
+        "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(30)")
+    assert hangs.timed_out and 1.0 <= hangs.wall_time < 3.0
+
+
 def test_numpy_is_importable_within_the_address_space_limit(sandbox):
     pytest.importorskip("numpy")
     result = sandbox.run("import numpy as np\nprint(int(np.arange(10).sum()))")

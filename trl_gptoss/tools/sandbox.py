@@ -206,7 +206,7 @@ def _count_own_processes() -> int:
 
 
 def _collect(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytes, bytes, bool, bool]:
-    """Read stdout/stderr until both close, the wall clock ``deadline`` passes or ``cap`` bytes arrive.
+    """Read stdout/stderr until both close and the program ends, ``deadline`` passes or ``cap`` bytes arrive.
 
     Returns ``(stdout, stderr, truncated, timed_out)``; the caller then kills the process group, so a
     writer of 100 MB costs ``cap`` bytes of memory, not 100 MB. Once the launched process has exited we
@@ -239,6 +239,12 @@ def _collect(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytes, 
                 break
     proc.stdout.close()
     proc.stderr.close()
+    if not (truncated or timed_out):
+        # Both pipes closed; a program that closed them itself may still be running: give it the clock.
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0))
+        except subprocess.TimeoutExpired:
+            timed_out = True
     out, err = (b"".join(c) for c in chunks.values())
     return out, err, truncated, timed_out
 
