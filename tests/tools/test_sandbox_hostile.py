@@ -239,3 +239,21 @@ def _wait_until(condition, seconds: float) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+def test_filling_the_disk_stops_at_the_private_tmpfs_size(sandbox):
+    code = (
+        "import errno\n"
+        "written = 0\n"
+        "try:\n"
+        "    for i in range(64):\n"
+        "        with open(f'fill{i}.bin', 'wb') as f:\n"
+        "            f.write(b'0' * (900 << 10))\n"
+        "        written += 900 << 10\n"
+        "except OSError as exc:\n"
+        "    print('stopped', errno.errorcode[exc.errno], written)\n"
+    )
+    result = sandbox.run(code)
+    assert result.ok, result.stderr
+    reason, written = result.stdout.split()[1:]
+    assert reason == "ENOSPC" and int(written) <= TIGHT["disk_bytes"]
