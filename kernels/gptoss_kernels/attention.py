@@ -10,6 +10,7 @@ case raises ``ValueError`` instead of silently falling back.
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -30,10 +31,10 @@ def _log_choice_once(backend, reason):
         logger.info("sink_attention backend: %s (%s)", backend, reason)
 
 
-def _triton_unsupported(q, k, cu_seqlens):
-    """None when the Triton kernel can run this case, else why not."""
-    if not q.is_cuda:
-        return "tensors are not on CUDA (set TRITON_INTERPRET=1 and call gptoss_kernels.triton directly)"
+def _triton_unsupported(q, k, cu_seqlens, interpreter_ok=False):
+    """None when the Triton kernel can run this case, else why not (CPU only under TRITON_INTERPRET=1)."""
+    if not q.is_cuda and not (interpreter_ok and os.environ.get("TRITON_INTERPRET") == "1"):
+        return "tensors are not on CUDA (on CPU, backend='triton' needs TRITON_INTERPRET=1 set before import)"
     if cu_seqlens is None and q.shape[1] != k.shape[1]:
         return f"batched Tq={q.shape[1]} < Tk={k.shape[1]} (decoding) is not a packed layout"
     return None
@@ -53,7 +54,7 @@ def select_backend(q, k, cu_seqlens, window, backend="auto"):
             raise ValueError(f"backend='fa4' cannot run this case: {why_not}; use backend='auto'")
         return backend, "requested"
     if backend == "triton":
-        why_not = _triton_unsupported(q, k, cu_seqlens)
+        why_not = _triton_unsupported(q, k, cu_seqlens, interpreter_ok=True)
         if why_not:
             raise ValueError(f"backend='triton' cannot run this case: {why_not}; use backend='auto'")
         return backend, "requested"

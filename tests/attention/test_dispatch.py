@@ -1,6 +1,7 @@
 """Public ``sink_attention``: backend choice (logged once), forced backends, and bad input."""
 
 import logging
+import os
 
 import pytest
 import torch
@@ -38,10 +39,32 @@ def test_backends_agree_on_decode_layout(backend):
     ("triton", "not on CUDA"),
     ("fa4", "flash-attn-4"),
 ])
-def test_unavailable_or_unknown_backend_raises(backend, match):
+def test_unavailable_or_unknown_backend_raises(backend, match, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
     q, k, v, sinks = _qkv()
     with pytest.raises(ValueError, match=match):
         sink_attention(q, k, v, sinks, backend=backend)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1 before import")
+@pytest.mark.parametrize("packed", [False, True], ids=["batched-flattened", "varlen"])
+def test_forced_triton_backend_under_the_interpreter(packed):
+    """The dispatch glue (batched -> packed flattening, max_seqlen) around the colleague's Triton kernel."""
+    pytest.importorskip("triton")
+    q, k, v, sinks = _qkv(batch=2, tq=37, tk=37, dim=16)
+    kwargs = dict(window=5)
+    if packed:
+        q, k, v = (t.reshape(74, t.shape[2], 16) for t in (q, k, v))
+        kwargs["cu_seqlens"] = torch.tensor([0, 1, 1, 30, 74], dtype=torch.int32)
+    leaves = [t.requires_grad_() for t in (q, k, v, sinks)]
+    out = sink_attention(*leaves, backend="triton", **kwargs)
+    got = [out, *torch.autograd.grad(out.sum(), leaves)]
+    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+    ref = sink_attention_ref(*leaves64, **kwargs)
+    want = [ref, *torch.autograd.grad(ref.sum(), leaves64)]
+    for name, g, w in zip(("o", "dq", "dk", "dv", "dsinks"), got, want):
+        diff = (g.double() - w).abs().max().item()
+        assert diff <= 1e-5 * max(w.abs().max().item(), 1.0), f"{name}: max|diff|={diff:.3e}"
 
 
 def _bad(**changes):
