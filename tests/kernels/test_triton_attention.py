@@ -46,6 +46,7 @@ CASES = {
     "T100-win40-masked-and-full-tiles": Case((100,), 4, 2, window=40),
     "T90-win37-gqa2-m32n16-two-docs": Case((90, 31), 4, 2, window=37, blocks=(32, 16)),
     "window-gt-T-two-docs": Case((20, 13), 2, 2, window=64),
+    "window-between-doc-lengths": Case((9, 40), 2, 1, window=16),
     "window1-gqa2": Case((29,), 4, 2, window=1),
     "varlen-0-1-full": Case((0, 1, 37, 0, 18), 4, 2, blocks=(16, 32)),
     "varlen-0-1-win5-gqa8": Case((1, 0, 50, 7), 8, 1, window=5),

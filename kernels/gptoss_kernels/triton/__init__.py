@@ -1,6 +1,6 @@
 """Triton sink-attention kernels (forward and backward), FlashAttention-2 tiling, packed varlen layout.
 
-Set ``TRITON_INTERPRET=1`` before importing triton to run them on CPU tensors (tests); on CUDA they run
+Set ``TRITON_INTERPRET=1`` before importing this package to run them on CPU tensors (tests); on CUDA they run
 natively. The package's public dispatch (``gptoss_kernels.sink_attention``) imports this lazily.
 """
 

@@ -59,5 +59,7 @@ def sink_attention_triton(q, k, v, sinks, *, cu_seqlens, max_seqlen, window=None
     if block_sizes is not None:
         launch_config(q.device.type, q.shape[-1], backward=False, block_sizes=block_sizes)  # validates them
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    if window is not None and window >= max_seqlen:
+        window = None  # every causal key is inside the window: take the mask-free full-causal kernels
     q, k, v, cu_seqlens = (t.contiguous() for t in (q, k, v, cu_seqlens))
     return SinkAttentionTritonFunction.apply(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_sizes)
