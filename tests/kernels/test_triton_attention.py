@@ -28,6 +28,8 @@ NAMES = ("o", "dq", "dk", "dv", "dsinks")
 
 @dataclass(frozen=True)
 class Case:
+    """One packed problem: document lengths, heads, head_dim, window, kernel tiles, scale, sink range."""
+
     lens: tuple
     hq: int
     hkv: int
