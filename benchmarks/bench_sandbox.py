@@ -1,6 +1,6 @@
 """Sandbox cost: per-call overhead by isolation level, and throughput of concurrent calls.
 
-Usage: ``python benchmarks/bench_sandbox.py [--calls 40] [--batch 200] [--out benchmarks/results/sandbox.json]``
+Usage: ``python benchmarks/bench_sandbox.py [--calls 40] [--batch 200] [--out results/sandbox.json]``
 
 Workloads (each verified before it is timed: every call must print the expected value):
 - overhead: sequential ``print(1)`` calls, the variants interleaved round-robin; median / p90 wall time
@@ -43,20 +43,28 @@ def _time_interleaved(variants: dict, calls: int) -> dict:
             times[name].append(time.perf_counter() - start)
             if out.strip() != "1":
                 raise RuntimeError(f"verification failed for {name}: expected '1', got {out!r}")
-    return {name: {"median_ms": 1e3 * statistics.median(t), "p90_ms": 1e3 * _percentile(t, 0.9), "calls": calls}
-            for name, t in times.items()}
+    return {
+        name: {"median_ms": 1e3 * statistics.median(t), "p90_ms": 1e3 * _percentile(t, 0.9), "calls": calls}
+        for name, t in times.items()
+    }
 
 
 def _bare(python: str):
-    return lambda: subprocess.run([python, "-I", "-c", "print(1)"], capture_output=True, text=True, env={}).stdout
+    return lambda: (
+        subprocess.run([python, "-I", "-c", "print(1)"], capture_output=True, text=True, env={}).stdout
+    )
 
 
 def bench_overhead(calls: int, python: str) -> dict:
     """Per level: the sandbox's median call, and the same interpreter started bare (the floor)."""
     levels = ["process"] + (["namespaces"] if detect_isolation() == "namespaces" else [])
     # As root, process isolation drops to a per-call uid that needs a world-readable interpreter.
-    exes = {level: shutil.which("python3", path="/usr/bin:/bin") if level == "process" and os.geteuid() == 0
-            else python for level in levels}
+    exes = {
+        level: shutil.which("python3", path="/usr/bin:/bin")
+        if level == "process" and os.geteuid() == 0
+        else python
+        for level in levels
+    }
     variants = {}
     for level in levels:
         sandbox = PythonSandbox(isolation=level, python_executable=exes[level])
@@ -66,8 +74,11 @@ def bench_overhead(calls: int, python: str) -> dict:
     rows = {}
     for level in levels:
         row, bare = timed[level], timed[f"bare:{level}"]
-        row.update(python=exes[level], bare_median_ms=bare["median_ms"],
-                   overhead_ms=row["median_ms"] - bare["median_ms"])
+        row.update(
+            python=exes[level],
+            bare_median_ms=bare["median_ms"],
+            overhead_ms=row["median_ms"] - bare["median_ms"],
+        )
         rows[level] = row
     return rows
 
@@ -82,7 +93,9 @@ def bench_concurrency(batch: int, workers: list[int]) -> list[dict]:
         elapsed = time.perf_counter() - start
         if [r.stdout for r in results] != [f"{i}\n" for i in range(batch)] or not all(r.ok for r in results):
             raise RuntimeError(f"verification failed at max_concurrency={n}")
-        rows.append({"max_concurrency": n, "calls": batch, "seconds": elapsed, "calls_per_s": batch / elapsed})
+        rows.append(
+            {"max_concurrency": n, "calls": batch, "seconds": elapsed, "calls_per_s": batch / elapsed}
+        )
     base = rows[0]["seconds"]
     for row in rows:
         row["speedup_vs_first"] = base / row["seconds"]
@@ -90,7 +103,9 @@ def bench_concurrency(batch: int, workers: list[int]) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--batch", type=int, default=200)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 8, 16])
@@ -101,17 +116,30 @@ def main() -> None:
     overhead = bench_overhead(args.calls, sys.executable)
     print(f"{'isolation':<12}{'median ms':>11}{'p90 ms':>9}{'bare ms':>9}{'overhead ms':>13}  python")
     for level, row in overhead.items():
-        print(f"{level:<12}{row['median_ms']:>11.1f}{row['p90_ms']:>9.1f}{row['bare_median_ms']:>9.1f}"
-              f"{row['overhead_ms']:>13.1f}  {row['python']}")
+        print(
+            f"{level:<12}{row['median_ms']:>11.1f}{row['p90_ms']:>9.1f}{row['bare_median_ms']:>9.1f}"
+            f"{row['overhead_ms']:>13.1f}  {row['python']}"
+        )
     concurrency = bench_concurrency(args.batch, args.workers)
     print(f"\n{'workers':<9}{'calls':>6}{'seconds':>9}{'calls/s':>9}{'speed-up':>10}")
     for row in concurrency:
-        print(f"{row['max_concurrency']:<9}{row['calls']:>6}{row['seconds']:>9.2f}{row['calls_per_s']:>9.1f}"
-              f"{row['speedup_vs_first']:>10.2f}")
-    record = {"host": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                       "isolation": detect_isolation(), "euid": os.geteuid(),
-                       "loadavg_1min_before_after": [load_before, os.getloadavg()[0]]},
-              "limits": SandboxLimits().__dict__, "overhead": overhead, "concurrency": concurrency}
+        print(
+            f"{row['max_concurrency']:<9}{row['calls']:>6}{row['seconds']:>9.2f}{row['calls_per_s']:>9.1f}"
+            f"{row['speedup_vs_first']:>10.2f}"
+        )
+    record = {
+        "host": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "isolation": detect_isolation(),
+            "euid": os.geteuid(),
+            "loadavg_1min_before_after": [load_before, os.getloadavg()[0]],
+        },
+        "limits": SandboxLimits().__dict__,
+        "overhead": overhead,
+        "concurrency": concurrency,
+    }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(record, f, indent=2)

@@ -1,4 +1,4 @@
-"""Loaders: shipped samples in TRL's conversational format, answers that the rewards accept, Hub converters."""
+"""Loaders: shipped samples in TRL's conversational format, answers the rewards accept, Hub converters."""
 
 import json
 
@@ -55,28 +55,50 @@ def test_verifyif_samples_state_their_rules_and_references_pass():
 
 
 def test_hub_rows_convert_without_download():
-    dapo = [{"prompt": [{"role": "user", "content": "Solve the following math problem step by step. The last line "
-                         "should be Answer: $Answer.\n\nFind $1+1$.\n\nRemember to put your answer on its own line "
-                         "after \"Answer:\"."}], "reward_model": {"ground_truth": "2", "style": "rule-lang"}}]
+    dapo = [
+        {
+            "prompt": [
+                {
+                    "role": "user",
+                    "content": "Solve the following math problem step by step. The last line "
+                    "should be Answer: $Answer.\n\nFind $1+1$.\n\nRemember to put your answer on its own "
+                    'line after "Answer:".',
+                }
+            ],
+            "reward_model": {"ground_truth": "2", "style": "rule-lang"},
+        }
+    ]
     retool = convert_hub_rows("retool", dapo)[0]
     assert retool["prompt"][0]["content"].startswith("Find $1+1$.") and retool["answer"] == "2"
     gsm = convert_hub_rows("gsm8k", [{"question": "2+2?", "answer": "2+2=4\n#### 4"}])[0]
     assert gsm["answer"].endswith("#### 4")
     null_kwargs = {"num_words": None, "relation": None, "keywords": None}
     ifeval = [
-        {"prompt": "Write a poem.", "instruction_id_list": ["punctuation:no_comma", "length_constraints:number_words"],
-         "kwargs": [dict(null_kwargs), {**null_kwargs, "num_words": 50, "relation": "less than"}]},
-        {"prompt": "Answer in Hindi.", "instruction_id_list": ["language:response_language"],
-         "kwargs": [{"language": "hi"}]},
+        {
+            "prompt": "Write a poem.",
+            "instruction_id_list": ["punctuation:no_comma", "length_constraints:number_words"],
+            "kwargs": [dict(null_kwargs), {**null_kwargs, "num_words": 50, "relation": "less than"}],
+        },
+        {
+            "prompt": "Answer in Hindi.",
+            "instruction_id_list": ["language:response_language"],
+            "kwargs": [{"language": "hi"}],
+        },
     ]
     verify = convert_hub_rows("verifyif", ifeval)
     assert len(verify) == 1, "rows with an instruction we cannot verify are dropped"
     assert json.loads(verify[0]["constraints"]) == [{"type": "no_commas"}, {"type": "word_count", "max": 49}]
 
 
-@pytest.mark.parametrize("kwargs, message", [(dict(task="math"), "Unknown task"), (dict(task="gsm8k", source="web"),
-                                              "source"), (dict(task="gsm8k", limit=0), "limit")],
-                         ids=["task", "source", "limit"])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(task="math"), "Unknown task"),
+        (dict(task="gsm8k", source="web"), "source"),
+        (dict(task="gsm8k", limit=0), "limit"),
+    ],
+    ids=["task", "source", "limit"],
+)
 def test_bad_arguments_raise_value_error(kwargs, message):
     with pytest.raises(ValueError, match=message):
         load_task_dataset(**kwargs)

@@ -7,16 +7,46 @@ import pytest
 from trl_gptoss.rewards import answers_match, completion_text, extract_final_answer, last_boxed, parse_number
 
 MATCHING = [
-    ("\\frac{3}{4}", "0.75"), ("\\dfrac34", "3/4"), ("-\\frac{1}{2}", "-0.5"), ("\\frac{-1}{2}", "-1/2"),
-    ("1,234,567", "1234567"), ("1\\,234", "1234"), ("$1,234.50", "1234.5"), ("\\$12", "12"), ("-$5", "-5"),
-    ("50\\%", "50"), ("50%", "0.5"), ("12 cm", "12"), ("12\\text{ apples}", "12"), ("90^\\circ", "90"),
-    ("90°", "90"), ("x = 5", "5"), ("1.5 \\times 10^{3}", "1500"), ("2.5e-3", "0.0025"), ("\u22123", "-3"),
-    ("6/8", "3/4"), ("0.3333333", "1/3"), ("(-7)", "-7"), ("07", "7"), ("\\pi/2", "\\frac{\\pi}{2}"),
-    ("\\sqrt{3}", "\\sqrt3"), ("(1, 2)", "(1,2)"), ("Paris.", "paris"),
+    ("\\frac{3}{4}", "0.75"),
+    ("\\dfrac34", "3/4"),
+    ("-\\frac{1}{2}", "-0.5"),
+    ("\\frac{-1}{2}", "-1/2"),
+    ("1,234,567", "1234567"),
+    ("1\\,234", "1234"),
+    ("$1,234.50", "1234.5"),
+    ("\\$12", "12"),
+    ("-$5", "-5"),
+    ("50\\%", "50"),
+    ("50%", "0.5"),
+    ("12 cm", "12"),
+    ("12\\text{ apples}", "12"),
+    ("90^\\circ", "90"),
+    ("90°", "90"),
+    ("x = 5", "5"),
+    ("1.5 \\times 10^{3}", "1500"),
+    ("2.5e-3", "0.0025"),
+    ("\u22123", "-3"),
+    ("6/8", "3/4"),
+    ("0.3333333", "1/3"),
+    ("(-7)", "-7"),
+    ("07", "7"),
+    ("\\pi/2", "\\frac{\\pi}{2}"),
+    ("\\sqrt{3}", "\\sqrt3"),
+    ("(1, 2)", "(1,2)"),
+    ("Paris.", "paris"),
 ]
 NOT_MATCHING = [
-    ("2", "3"), ("1,23", "123"), ("0.33", "1/3"), ("-5", "5"), ("12", "1.2"), ("50%", "5"), ("1/0", "0"),
-    (None, "3"), ("", "0"), ("\\frac{1}{3}", "0.333"), ("x", "y"),
+    ("2", "3"),
+    ("1,23", "123"),
+    ("0.33", "1/3"),
+    ("-5", "5"),
+    ("12", "1.2"),
+    ("50%", "5"),
+    ("1/0", "0"),
+    (None, "3"),
+    ("", "0"),
+    ("\\frac{1}{3}", "0.333"),
+    ("x", "y"),
 ]
 
 
@@ -71,11 +101,19 @@ def test_extract_final_answer(text, expected):
 
 def test_completion_text_forms():
     assert completion_text("plain") == "plain"
-    messages = [{"role": "assistant", "content": "first"}, {"role": "tool", "content": "x"},
-                {"role": "assistant", "content": [{"type": "text", "text": "last "}, {"type": "text", "text": "one"}]}]
+    messages = [
+        {"role": "assistant", "content": "first"},
+        {"role": "tool", "content": "x"},
+        {
+            "role": "assistant",
+            "content": [{"type": "text", "text": "last "}, {"type": "text", "text": "one"}],
+        },
+    ]
     assert completion_text(messages) == "last one"
-    harmony = ("<|channel|>analysis<|message|>think \\boxed{1}<|end|><|start|>assistant"
-               "<|channel|>final<|message|>It is \\boxed{2}<|return|>")
+    harmony = (
+        "<|channel|>analysis<|message|>think \\boxed{1}<|end|><|start|>assistant"
+        "<|channel|>final<|message|>It is \\boxed{2}<|return|>"
+    )
     assert completion_text(harmony) == "It is \\boxed{2}"
     with pytest.raises(ValueError, match="str or a list of messages"):
         completion_text(42)

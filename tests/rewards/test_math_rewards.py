@@ -8,9 +8,15 @@ from trl_gptoss.rewards import gsm8k_answer, gsm8k_reward, retool_reward
 def _as_trl(reward, completions, **columns):
     """The keyword set ``GRPOTrainer._calculate_rewards`` passes (trl 1.16)."""
     n = len(completions)
-    return reward(prompts=[[{"role": "user", "content": "q"}]] * n, completions=completions,
-                  completion_ids=[[1, 2]] * n, trainer_state=None, log_extra=lambda *a: None,
-                  log_metric=lambda *a: None, **columns)
+    return reward(
+        prompts=[[{"role": "user", "content": "q"}]] * n,
+        completions=completions,
+        completion_ids=[[1, 2]] * n,
+        trainer_state=None,
+        log_extra=lambda *a: None,
+        log_metric=lambda *a: None,
+        **columns,
+    )
 
 
 RETOOL_TABLE = [
@@ -51,7 +57,8 @@ GSM8K_TABLE = [
 def test_gsm8k_reward_table():
     completions = [c for c, _, _ in GSM8K_TABLE]
     assert _as_trl(gsm8k_reward, completions, answer=[a for _, a, _ in GSM8K_TABLE]) == [
-        r for _, _, r in GSM8K_TABLE]
+        r for _, _, r in GSM8K_TABLE
+    ]
     assert gsm8k_answer("reasoning\n#### 1,000") == "1,000"
 
 

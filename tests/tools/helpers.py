@@ -7,8 +7,16 @@ import tempfile
 from trl_gptoss.tools import cgroups, isolation
 from trl_gptoss.tools.sandbox import CALL_DIR_PREFIX
 
-TIGHT = dict(wall_seconds=5.0, cpu_seconds=5, address_space_bytes=512 << 20, max_processes=32,
-             file_size_bytes=1 << 20, disk_bytes=8 << 20, output_bytes=64 * 1024, memory_bytes=512 << 20)
+TIGHT = dict(
+    wall_seconds=5.0,
+    cpu_seconds=5,
+    address_space_bytes=512 << 20,
+    max_processes=32,
+    file_size_bytes=1 << 20,
+    disk_bytes=8 << 20,
+    output_bytes=64 * 1024,
+    memory_bytes=512 << 20,
+)
 
 
 def sandbox_uid_range() -> range:
@@ -42,7 +50,9 @@ def own_call_dirs() -> list[str]:
 def own_cgroups() -> list[str]:
     """Per-call cgroups this test process created and did not remove."""
     pattern = f"{cgroups.GROUP_PREFIX}{os.getpid()}-*"
-    return glob.glob(os.path.join(cgroups.ROOT, "*", pattern)) + glob.glob(os.path.join(cgroups.ROOT, pattern))
+    return glob.glob(os.path.join(cgroups.ROOT, "*", pattern)) + glob.glob(
+        os.path.join(cgroups.ROOT, pattern)
+    )
 
 
 def descendants(pid: int) -> list[int]:

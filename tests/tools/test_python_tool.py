@@ -16,15 +16,21 @@ def tool():
 
 
 def test_schema_is_the_harmony_description(tool):
-    assert tool.to_harmony_dict() == {"name": "python", "description": tool.description,
-                                      "parameters": tool.parameters}
+    assert tool.to_harmony_dict() == {
+        "name": "python",
+        "description": tool.description,
+        "parameters": tool.parameters,
+    }
     assert tool.to_openai_dict() == {"type": "function", "function": tool.schema}
     assert tool.parameters["required"] == ["code"]
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="runs the sandbox")
-@pytest.mark.parametrize("body", ["print(2 + 3)", '{"code": "print(2 + 3)"}', {"code": "print(2 + 3)"}],
-                         ids=["builtin-raw-code", "function-json", "function-dict"])
+@pytest.mark.parametrize(
+    "body",
+    ["print(2 + 3)", '{"code": "print(2 + 3)"}', {"code": "print(2 + 3)"}],
+    ids=["builtin-raw-code", "function-json", "function-dict"],
+)
 def test_both_call_forms_run_the_code(tool, body):
     result = tool.call(body)
     assert result.ok and result.stdout == "5\n"
@@ -43,8 +49,13 @@ def test_call_many_and_the_trl_function_form(tool):
 
 @pytest.mark.parametrize(
     "body, message",
-    [('{"code": 1}', "must be a JSON string"), ('{"cmd": "ls"}', "missing arguments"), ("[1]", "JSON object"),
-     ('{"code": "x", "extra": 1}', "unknown arguments"), ("{not json", "not valid JSON")],
+    [
+        ('{"code": 1}', "must be a JSON string"),
+        ('{"cmd": "ls"}', "missing arguments"),
+        ("[1]", "JSON object"),
+        ('{"code": "x", "extra": 1}', "unknown arguments"),
+        ("{not json", "not valid JSON"),
+    ],
     ids=["wrong-type", "missing", "not-object", "unknown", "bad-json"],
 )
 def test_bad_arguments_raise_value_error(tool, body, message):
@@ -56,8 +67,11 @@ def test_custom_tool_checks_its_declaration():
     class Add(Tool):
         name = "add"
         description = "Add two integers."
-        parameters = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                      "required": ["a", "b"]}
+        parameters = {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        }
 
         def _invoke(self, arguments):
             return ToolResult(str(arguments["a"] + arguments["b"]), "", 0, False, False, 0.0, "none")
@@ -77,9 +91,15 @@ def test_custom_tool_checks_its_declaration():
 def test_run_tool_calls_in_parallel_with_errors_as_messages(tool):
     from trl_gptoss.harmony import ToolCall
 
-    calls = [ToolCall(name="python", arguments="import time\ntime.sleep(0.4)\nprint('a')", recipient="python")]
-    calls += [("python", "import time\ntime.sleep(0.4)\nprint('b')"), ("python", '{"code": "print(3)"}'),
-              ("calculator", "{}"), ("python", '{"code": 3}')]
+    calls = [
+        ToolCall(name="python", arguments="import time\ntime.sleep(0.4)\nprint('a')", recipient="python")
+    ]
+    calls += [
+        ("python", "import time\ntime.sleep(0.4)\nprint('b')"),
+        ("python", '{"code": "print(3)"}'),
+        ("calculator", "{}"),
+        ("python", '{"code": 3}'),
+    ]
     start = time.monotonic()
     messages = run_tool_calls(calls, [tool], max_chars=300)
     elapsed = time.monotonic() - start

@@ -32,7 +32,8 @@ def test_closing_its_own_output_does_not_end_the_call_early(sandbox):
     finishes = sandbox.run("import os, time\nos.close(1)\nos.close(2)\ntime.sleep(0.3)\nos._exit(3)")
     assert finishes.exit_code == 3 and not finishes.timed_out and finishes.wall_time >= 0.3
     hangs = PythonSandbox(SandboxLimits(**{**TIGHT, "wall_seconds": 1.0})).run(
-        "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(30)")
+        "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(30)"
+    )
     assert hangs.timed_out and 1.0 <= hangs.wall_time < 3.0
 
 
@@ -55,16 +56,25 @@ def test_two_hundred_concurrent_calls_complete(sandbox):
     start = time.monotonic()
     results = sandbox.run_many(codes)
     elapsed = time.monotonic() - start
-    assert [r.stdout for r in results] == [f"{i ** 2}\n" for i in range(200)]
+    assert [r.stdout for r in results] == [f"{i**2}\n" for i in range(200)]
     assert all(r.ok for r in results)
     assert elapsed < sum(r.wall_time for r in results) / 4, "calls were serialised"
     assert processes_of_uids(sandbox_uid_range()) == [] and own_call_dirs() == []
     assert descendants(os.getpid()) == []
 
 
-@pytest.mark.parametrize("bad", [dict(wall_seconds=0), dict(max_processes=1), dict(address_space_bytes=1 << 20),
-                                 dict(output_bytes=-5), dict(cpu_seconds="10"),
-                                 dict(memory_bytes=1 << 20)], ids=lambda d: next(iter(d)))
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(wall_seconds=0),
+        dict(max_processes=1),
+        dict(address_space_bytes=1 << 20),
+        dict(output_bytes=-5),
+        dict(cpu_seconds="10"),
+        dict(memory_bytes=1 << 20),
+    ],
+    ids=lambda d: next(iter(d)),
+)
 def test_bad_limits_raise_value_error(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SandboxLimits(**bad)
@@ -80,8 +90,14 @@ def test_bad_arguments_raise_value_error(sandbox):
 
 
 def test_render_puts_errors_last_and_clips_the_middle():
-    result = ToolResult(stdout="a" * 5000 + "END", stderr="Traceback\nValueError: boom\n", exit_code=1,
-                        timed_out=False, truncated=False, wall_time=0.1)
+    result = ToolResult(
+        stdout="a" * 5000 + "END",
+        stderr="Traceback\nValueError: boom\n",
+        exit_code=1,
+        timed_out=False,
+        truncated=False,
+        wall_time=0.1,
+    )
     text = result.render(max_chars=1000)
     assert len(text) <= 1000
     assert text.startswith("aaa") and "characters omitted" in text

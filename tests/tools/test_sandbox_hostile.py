@@ -26,7 +26,9 @@ from trl_gptoss.tools import PythonSandbox, SandboxLimits, detect_isolation
 
 pytestmark = [
     pytest.mark.skipif(sys.platform != "linux", reason="the sandbox uses Linux rlimits and /proc"),
-    pytest.mark.skipif(detect_isolation() != "namespaces", reason="needs root + unshare (namespace isolation)"),
+    pytest.mark.skipif(
+        detect_isolation() != "namespaces", reason="needs root + unshare (namespace isolation)"
+    ),
 ]
 
 
@@ -46,7 +48,9 @@ def _nothing_left_behind():
     """After every case: no process of the sandbox uids, no descendant of this process, no call dir."""
     yield
     deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline and (processes_of_uids(sandbox_uid_range()) or descendants(os.getpid())):
+    while time.monotonic() < deadline and (
+        processes_of_uids(sandbox_uid_range()) or descendants(os.getpid())
+    ):
         time.sleep(0.05)  # the kernel tears a PID namespace down asynchronously
     assert processes_of_uids(sandbox_uid_range()) == [], "a sandboxed process outlived its call"
     assert descendants(os.getpid()) == [], "a child of the test process outlived the call"

@@ -14,5 +14,12 @@ from trl_gptoss.data.loaders import (
     read_samples,
 )
 
-__all__ = ["HUB_DATASETS", "TASKS", "convert_hub_rows", "describe_constraint", "load_hub_task_dataset",
-           "load_task_dataset", "read_samples"]
+__all__ = [
+    "HUB_DATASETS",
+    "TASKS",
+    "convert_hub_rows",
+    "describe_constraint",
+    "load_hub_task_dataset",
+    "load_task_dataset",
+    "read_samples",
+]

@@ -25,9 +25,13 @@ _PLAIN_DESCRIPTIONS = {
     "title": "Include a title wrapped in double angular brackets, such as <<my title>>.",
 }
 _COUNTED = {
-    "word_count": "words", "sentence_count": "sentences", "markdown_headings": "markdown headings (# ...)",
-    "bullet_count": "markdown bullet points (* ...)", "highlighted_sections": "sections highlighted with *...*",
-    "placeholders": "placeholders in square brackets such as [name]", "capital_words": "words in ALL CAPITALS",
+    "word_count": "words",
+    "sentence_count": "sentences",
+    "markdown_headings": "markdown headings (# ...)",
+    "bullet_count": "markdown bullet points (* ...)",
+    "highlighted_sections": "sections highlighted with *...*",
+    "placeholders": "placeholders in square brackets such as [name]",
+    "capital_words": "words in ALL CAPITALS",
 }
 
 
@@ -50,10 +54,14 @@ def describe_constraint(c: dict) -> str:
         "keyword_frequency": lambda: f"Use the word {c['keyword']!r} {_bounds(c)} times.",
         "letter_frequency": lambda: f"Use the letter {c['letter']!r} {_bounds(c)} times.",
         "starts_with": lambda: f"Start your response with {c['phrase']!r}.",
-        "ends_with": lambda: f"End your response with the exact phrase {c['phrase']!r}; nothing may follow it.",
+        "ends_with": lambda: (
+            f"End your response with the exact phrase {c['phrase']!r}; nothing may follow it."
+        ),
         "postscript": lambda: f"End with a postscript starting with {c.get('marker', 'P.S.')}.",
-        "section_count": lambda: (f"Divide your response into {_bounds(c)} sections, each starting with "
-                                  f"'{c.get('splitter', 'Section')} N'."),
+        "section_count": lambda: (
+            f"Divide your response into {_bounds(c)} sections, each starting with "
+            f"'{c.get('splitter', 'Section')} N'."
+        ),
     }
     if kind not in described:
         raise ValueError(f"No description for constraint type {kind!r}.")
@@ -75,8 +83,10 @@ def gsm8k_row(question: str, answer: str) -> dict:
 def verifyif_row(instruction: str, constraints: list[dict]) -> dict:
     """The task text followed by one line per constraint; ``constraints`` stored as JSON text."""
     lines = "\n".join(f"- {describe_constraint(c)}" for c in constraints)
-    return {"prompt": user_prompt(f"{instruction}\n\nFollow these rules:\n{lines}"),
-            "constraints": json.dumps(constraints)}
+    return {
+        "prompt": user_prompt(f"{instruction}\n\nFollow these rules:\n{lines}"),
+        "constraints": json.dumps(constraints),
+    }
 
 
 def dapo_math_row(row: dict) -> dict:
@@ -104,27 +114,50 @@ _IFEVAL = {
     "change_case:english_lowercase": lambda k: {"type": "all_lowercase"},
     "change_case:english_capital": lambda k: {"type": "all_uppercase"},
     "change_case:capital_word_frequency": lambda k: {
-        "type": "capital_words", **_relation_bounds(k["capital_relation"], k["capital_frequency"])},
+        "type": "capital_words",
+        **_relation_bounds(k["capital_relation"], k["capital_frequency"]),
+    },
     "detectable_format:json_format": lambda k: {"type": "json_format"},
     "detectable_format:title": lambda k: {"type": "title"},
     "detectable_format:number_bullet_lists": lambda k: {"type": "bullet_count", "exactly": k["num_bullets"]},
     "detectable_format:number_highlighted_sections": lambda k: {
-        "type": "highlighted_sections", "min": k["num_highlights"]},
+        "type": "highlighted_sections",
+        "min": k["num_highlights"],
+    },
     "detectable_format:multiple_sections": lambda k: {
-        "type": "section_count", "splitter": k["section_spliter"], "min": k["num_sections"]},
-    "detectable_content:number_placeholders": lambda k: {"type": "placeholders", "min": k["num_placeholders"]},
+        "type": "section_count",
+        "splitter": k["section_spliter"],
+        "min": k["num_sections"],
+    },
+    "detectable_content:number_placeholders": lambda k: {
+        "type": "placeholders",
+        "min": k["num_placeholders"],
+    },
     "detectable_content:postscript": lambda k: {"type": "postscript", "marker": k["postscript_marker"]},
     "keywords:existence": lambda k: {"type": "keywords_present", "keywords": k["keywords"]},
     "keywords:forbidden_words": lambda k: {"type": "keywords_forbidden", "keywords": k["forbidden_words"]},
     "keywords:frequency": lambda k: {
-        "type": "keyword_frequency", "keyword": k["keyword"], **_relation_bounds(k["relation"], k["frequency"])},
+        "type": "keyword_frequency",
+        "keyword": k["keyword"],
+        **_relation_bounds(k["relation"], k["frequency"]),
+    },
     "keywords:letter_frequency": lambda k: {
-        "type": "letter_frequency", "letter": k["letter"], **_relation_bounds(k["let_relation"], k["let_frequency"])},
+        "type": "letter_frequency",
+        "letter": k["letter"],
+        **_relation_bounds(k["let_relation"], k["let_frequency"]),
+    },
     "length_constraints:number_words": lambda k: {
-        "type": "word_count", **_relation_bounds(k["relation"], k["num_words"])},
+        "type": "word_count",
+        **_relation_bounds(k["relation"], k["num_words"]),
+    },
     "length_constraints:number_sentences": lambda k: {
-        "type": "sentence_count", **_relation_bounds(k["relation"], k["num_sentences"])},
-    "length_constraints:number_paragraphs": lambda k: {"type": "paragraph_count", "exactly": k["num_paragraphs"]},
+        "type": "sentence_count",
+        **_relation_bounds(k["relation"], k["num_sentences"]),
+    },
+    "length_constraints:number_paragraphs": lambda k: {
+        "type": "paragraph_count",
+        "exactly": k["num_paragraphs"],
+    },
     "startend:end_checker": lambda k: {"type": "ends_with", "phrase": k["end_phrase"]},
     "startend:quotation": lambda k: {"type": "wrapped_in_quotes"},
 }
@@ -140,7 +173,9 @@ def ifeval_row(row: dict) -> dict | None:
     for instruction_id, kwargs in zip(row["instruction_id_list"], row["kwargs"]):
         if instruction_id not in _IFEVAL:
             return None
-        constraints.append(_IFEVAL[instruction_id]({k: v for k, v in (kwargs or {}).items() if v is not None}))
+        constraints.append(
+            _IFEVAL[instruction_id]({k: v for k, v in (kwargs or {}).items() if v is not None})
+        )
     return {"prompt": user_prompt(row["prompt"]), "constraints": json.dumps(constraints)}
 
 

@@ -46,8 +46,13 @@ def _format_sample(task: str, row: dict) -> dict:
     return formats.verifyif_row(row["instruction"], row["constraints"])
 
 
-def load_task_dataset(task: str, source: str = "sample", split: str = "train", limit: int | None = None,
-                      hub_id: str | None = None) -> Dataset:
+def load_task_dataset(
+    task: str,
+    source: str = "sample",
+    split: str = "train",
+    limit: int | None = None,
+    hub_id: str | None = None,
+) -> Dataset:
     """``Dataset`` with a conversational ``prompt`` column and the reward's ground-truth column.
 
     Args:
@@ -68,8 +73,9 @@ def load_task_dataset(task: str, source: str = "sample", split: str = "train", l
     return Dataset.from_list(rows[:limit] if limit is not None else rows)
 
 
-def load_hub_task_dataset(task: str, split: str = "train", limit: int | None = None,
-                          hub_id: str | None = None) -> Dataset:
+def load_hub_task_dataset(
+    task: str, split: str = "train", limit: int | None = None, hub_id: str | None = None
+) -> Dataset:
     """Download the task's Hub dataset and convert its rows (network; never called by the tests)."""
     _check_task(task)
     from datasets import load_dataset  # lazy: only this path may download

@@ -5,7 +5,13 @@
 - ``verifyif_reward`` / ``verifyif_strict_reward``: instruction following with verifiable constraints.
 """
 
-from trl_gptoss.rewards.answers import answers_match, completion_text, extract_final_answer, last_boxed, parse_number
+from trl_gptoss.rewards.answers import (
+    answers_match,
+    completion_text,
+    extract_final_answer,
+    last_boxed,
+    parse_number,
+)
 from trl_gptoss.rewards.constraints import CHECKERS, check_constraint
 from trl_gptoss.rewards.math import gsm8k_answer, gsm8k_reward, retool_reward
 from trl_gptoss.rewards.verifyif import (
@@ -17,7 +23,19 @@ from trl_gptoss.rewards.verifyif import (
 )
 
 __all__ = [
-    "CHECKERS", "ConstraintScores", "answers_match", "check_constraint", "completion_text",
-    "extract_final_answer", "gsm8k_answer", "gsm8k_reward", "last_boxed", "parse_constraints", "parse_number",
-    "retool_reward", "score_constraints", "verifyif_reward", "verifyif_strict_reward",
+    "CHECKERS",
+    "ConstraintScores",
+    "answers_match",
+    "check_constraint",
+    "completion_text",
+    "extract_final_answer",
+    "gsm8k_answer",
+    "gsm8k_reward",
+    "last_boxed",
+    "parse_constraints",
+    "parse_number",
+    "retool_reward",
+    "score_constraints",
+    "verifyif_reward",
+    "verifyif_strict_reward",
 ]

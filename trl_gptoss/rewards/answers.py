@@ -32,13 +32,17 @@ def completion_text(completion) -> str:
     parts). Raw Harmony text keeps only the last ``final`` channel message.
     """
     if isinstance(completion, list):
-        assistant = [m for m in completion if isinstance(m, dict) and m.get("role", "assistant") == "assistant"]
+        assistant = [
+            m for m in completion if isinstance(m, dict) and m.get("role", "assistant") == "assistant"
+        ]
         content = assistant[-1].get("content", "") if assistant else ""
         if isinstance(content, list):
             content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
         completion = content or ""
     if not isinstance(completion, str):
-        raise ValueError(f"A completion must be a str or a list of messages, got {type(completion).__name__}.")
+        raise ValueError(
+            f"A completion must be a str or a list of messages, got {type(completion).__name__}."
+        )
     if _HARMONY_FINAL in completion:
         completion = _HARMONY_END.sub("", completion.rsplit(_HARMONY_FINAL, 1)[1])
     return completion

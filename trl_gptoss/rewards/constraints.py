@@ -145,20 +145,51 @@ def postscript(text: str, marker: str = "P.S.") -> bool:
 
 def section_count(text: str, splitter: str = "Section", **bounds) -> bool:
     """Sections introduced by ``SPLITTER N`` at a line start (``Section 1``, ``SECTION 2``)."""
-    return _within(len(re.findall(rf"^\s*{re.escape(splitter)}\s+\d+", text, re.MULTILINE | re.IGNORECASE)),
-                   **bounds)
+    return _within(
+        len(re.findall(rf"^\s*{re.escape(splitter)}\s+\d+", text, re.MULTILINE | re.IGNORECASE)), **bounds
+    )
 
 
 CHECKERS: dict[str, Callable[..., bool]] = {
     f.__name__: f
-    for f in (word_count, sentence_count, paragraph_count, keywords_present, keywords_forbidden,
-              keyword_frequency, letter_frequency, json_format, markdown_headings, bullet_count,
-              highlighted_sections, placeholders, all_lowercase, all_uppercase, capital_words, starts_with,
-              ends_with, no_commas, wrapped_in_quotes, title, postscript, section_count)
+    for f in (
+        word_count,
+        sentence_count,
+        paragraph_count,
+        keywords_present,
+        keywords_forbidden,
+        keyword_frequency,
+        letter_frequency,
+        json_format,
+        markdown_headings,
+        bullet_count,
+        highlighted_sections,
+        placeholders,
+        all_lowercase,
+        all_uppercase,
+        capital_words,
+        starts_with,
+        ends_with,
+        no_commas,
+        wrapped_in_quotes,
+        title,
+        postscript,
+        section_count,
+    )
 }
-_BOUNDED = {"word_count", "sentence_count", "paragraph_count", "keyword_frequency", "letter_frequency",
-            "markdown_headings", "bullet_count", "highlighted_sections", "placeholders", "capital_words",
-            "section_count"}
+_BOUNDED = {
+    "word_count",
+    "sentence_count",
+    "paragraph_count",
+    "keyword_frequency",
+    "letter_frequency",
+    "markdown_headings",
+    "bullet_count",
+    "highlighted_sections",
+    "placeholders",
+    "capital_words",
+    "section_count",
+}
 _BOUND_KEYS = {"min", "max", "exactly"}
 
 

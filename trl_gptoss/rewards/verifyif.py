@@ -31,7 +31,9 @@ def parse_constraints(constraints) -> list[dict]:
         except json.JSONDecodeError as exc:
             raise ValueError(f"constraints is not valid JSON ({exc}); store a JSON list of dicts.") from exc
     if not isinstance(constraints, list):
-        raise ValueError(f"constraints must be a list of {{'type': ...}} dicts, got {type(constraints).__name__}.")
+        raise ValueError(
+            f"constraints must be a list of {{'type': ...}} dicts, got {type(constraints).__name__}."
+        )
     return constraints
 
 
@@ -47,9 +49,13 @@ def _rewards(completions, constraints, strict: bool, log_extra=None) -> list[flo
     if constraints is None:
         raise ValueError("verifyif_reward needs a 'constraints' dataset column.")
     if len(constraints) != len(completions):
-        raise ValueError(f"verifyif_reward: {len(completions)} completions but {len(constraints)} constraint lists.")
-    scores = [None if c is None else score_constraints(completion_text(p), c)
-              for p, c in zip(completions, constraints)]
+        raise ValueError(
+            f"verifyif_reward: {len(completions)} completions but {len(constraints)} constraint lists."
+        )
+    scores = [
+        None if c is None else score_constraints(completion_text(p), c)
+        for p, c in zip(completions, constraints)
+    ]
     if log_extra is not None:  # TRL's completions table gets the per-constraint verdicts
         log_extra("constraints_passed", [None if s is None else json.dumps(s.per_constraint) for s in scores])
     if strict:

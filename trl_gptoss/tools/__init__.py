@@ -11,5 +11,12 @@ from trl_gptoss.tools.python_tool import PythonTool
 from trl_gptoss.tools.result import SandboxLimits, ToolResult
 from trl_gptoss.tools.sandbox import PythonSandbox
 
-__all__ = ["PythonSandbox", "PythonTool", "SandboxLimits", "Tool", "ToolResult", "detect_isolation",
-           "run_tool_calls"]
+__all__ = [
+    "PythonSandbox",
+    "PythonTool",
+    "SandboxLimits",
+    "Tool",
+    "ToolResult",
+    "detect_isolation",
+    "run_tool_calls",
+]

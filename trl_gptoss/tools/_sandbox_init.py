@@ -44,8 +44,12 @@ LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 class _MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
-                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
 
 
 def _check(ret, what):
@@ -80,8 +84,9 @@ def _hide_keeping(hide_dir, keep, stage_root):
 
 def _make_everything_read_only():
     attr = _MountAttr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, 0, 0)
-    ret = LIBC.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr),
-                       ctypes.sizeof(attr))
+    ret = LIBC.syscall(
+        SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)
+    )
     _check(ret, "mount_setattr(/, RDONLY|NOSUID, AT_RECURSIVE)")
 
 
@@ -100,10 +105,14 @@ def prepare_filesystem(cfg):
 
 
 def _set_limits(limits, nproc):
-    for res, value in ((resource.RLIMIT_CPU, limits["cpu_seconds"]),
-                       (resource.RLIMIT_AS, limits["address_space_bytes"]), (resource.RLIMIT_NPROC, nproc),
-                       (resource.RLIMIT_FSIZE, limits["file_size_bytes"]),
-                       (resource.RLIMIT_NOFILE, limits["open_files"]), (resource.RLIMIT_CORE, 0)):
+    for res, value in (
+        (resource.RLIMIT_CPU, limits["cpu_seconds"]),
+        (resource.RLIMIT_AS, limits["address_space_bytes"]),
+        (resource.RLIMIT_NPROC, nproc),
+        (resource.RLIMIT_FSIZE, limits["file_size_bytes"]),
+        (resource.RLIMIT_NOFILE, limits["open_files"]),
+        (resource.RLIMIT_CORE, 0),
+    ):
         resource.setrlimit(res, (value, value))
 
 

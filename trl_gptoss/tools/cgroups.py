@@ -95,4 +95,3 @@ def call_cgroups(marker: str, memory_bytes: int, max_processes: int) -> Iterator
         yield [os.path.join(d, "cgroup.procs") for d in directories]
     finally:
         _remove(directories)
-

@@ -23,8 +23,15 @@ def _name_and_arguments(call) -> tuple[str, str | dict]:
 
 
 def _error(text: str) -> ToolResult:
-    return ToolResult(stdout="", stderr=text, exit_code=None, timed_out=False, truncated=False, wall_time=0.0,
-                      isolation="none")
+    return ToolResult(
+        stdout="",
+        stderr=text,
+        exit_code=None,
+        timed_out=False,
+        truncated=False,
+        wall_time=0.0,
+        isolation="none",
+    )
 
 
 def _run_one(tool: Tool | None, name: str, arguments) -> ToolResult:
@@ -37,7 +44,7 @@ def _run_one(tool: Tool | None, name: str, arguments) -> ToolResult:
 
 
 def run_tool_calls(calls, tools: list[Tool], max_chars: int = 4000, max_workers: int = 8) -> list[dict]:
-    """Run ``calls`` (in parallel, each tool's own limits apply) and return ``{"role": "tool", ...}`` messages.
+    """Run ``calls`` in parallel (each tool's own limits apply); return ``{"role": "tool", ...}`` messages.
 
     Python calls share the sandbox pool (``PythonSandbox.max_concurrency`` bounds them); ``max_workers``
     bounds how many calls are in flight at once. Messages come back in the order of ``calls``.

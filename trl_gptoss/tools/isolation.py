@@ -55,7 +55,9 @@ def interpreter_dirs(python: str) -> tuple[str, ...]:
     try:
         out = subprocess.run([python, "-I", "-S", "-c", query], capture_output=True, timeout=30, check=True)
     except (OSError, subprocess.SubprocessError) as exc:
-        raise ValueError(f"python_executable={python!r} cannot be started ({exc}); pass a working Python.") from exc
+        raise ValueError(
+            f"python_executable={python!r} cannot be started ({exc}); pass a working Python."
+        ) from exc
     prefixes = json.loads(out.stdout)
     real_dir = os.path.dirname(os.path.dirname(os.path.realpath(python)))
     return tuple(sorted({os.path.realpath(p) for p in [*prefixes, real_dir]}))
@@ -102,7 +104,9 @@ class UidSlots:
     def uid(self) -> Iterator[int]:
         with self._lock:
             if not self._free:
-                raise ValueError(f"more than {SLOTS_PER_PROCESS} concurrent sandbox calls; lower max_concurrency.")
+                raise ValueError(
+                    f"more than {SLOTS_PER_PROCESS} concurrent sandbox calls; lower max_concurrency."
+                )
             slot = self._free.pop()
         try:
             yield UID_BASE + (os.getpid() % (1 << 20)) * SLOTS_PER_PROCESS + slot

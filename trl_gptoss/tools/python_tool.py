@@ -49,8 +49,10 @@ class PythonTool(Tool):
 
     def call_many(self, bodies: list[str | dict]) -> list[ToolResult]:
         """Run a rollout batch's calls concurrently through the sandbox pool."""
-        codes = [b if isinstance(b, str) and not _looks_like_code_object(b) else self.parse_arguments(b)["code"]
-                 for b in bodies]
+        codes = [
+            b if isinstance(b, str) and not _looks_like_code_object(b) else self.parse_arguments(b)["code"]
+            for b in bodies
+        ]
         return self.sandbox.run_many(codes)
 
     def as_function(self) -> Callable[[str], str]:

@@ -42,10 +42,14 @@ class SandboxLimits:
                 "use at least 64 MiB (256 MiB or more to import numpy)."
             )
         if self.memory_bytes < 64 * MIB:
-            raise ValueError(f"SandboxLimits.memory_bytes={self.memory_bytes} cannot hold a Python process; "
-                             "use at least 64 MiB (256 MiB or more to import numpy).")
+            raise ValueError(
+                f"SandboxLimits.memory_bytes={self.memory_bytes} cannot hold a Python process; "
+                "use at least 64 MiB (256 MiB or more to import numpy)."
+            )
         if self.max_processes < 2:
-            raise ValueError("SandboxLimits.max_processes must be at least 2 (Python may start a helper thread).")
+            raise ValueError(
+                "SandboxLimits.max_processes must be at least 2 (Python may start a helper thread)."
+            )
 
 
 @dataclass(frozen=True)
@@ -97,8 +101,12 @@ class ToolResult:
         return {"role": "tool", "name": name, "content": self.render(max_chars)}
 
 
-_SIGNAL_HINTS = {9: " (SIGKILL: e.g. the memory limit)", 24: " (SIGXCPU: CPU time limit)",
-                 25: " (SIGXFSZ: file size limit)", 11: " (SIGSEGV)"}
+_SIGNAL_HINTS = {
+    9: " (SIGKILL: e.g. the memory limit)",
+    24: " (SIGXCPU: CPU time limit)",
+    25: " (SIGXFSZ: file size limit)",
+    11: " (SIGSEGV)",
+}
 
 
 def _exit_notice(code: int) -> str:

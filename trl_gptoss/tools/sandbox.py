@@ -66,15 +66,22 @@ class PythonSandbox:
             core count times 2-4: calls mostly wait on start-up).
     """
 
-    def __init__(self, limits: SandboxLimits | None = None, isolation: str = "auto",
-                 python_executable: str | None = None, max_concurrency: int = 8):
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        isolation: str = "auto",
+        python_executable: str | None = None,
+        max_concurrency: int = 8,
+    ):
         self.limits = limits if limits is not None else SandboxLimits()
         if not isinstance(self.limits, SandboxLimits):
             raise ValueError(f"limits must be a SandboxLimits, got {type(self.limits).__name__}.")
         self.isolation = _resolve_isolation(isolation)
         self.python = os.path.abspath(python_executable or sys.executable)
         if not 1 <= max_concurrency <= iso.SLOTS_PER_PROCESS:
-            raise ValueError(f"max_concurrency must be in [1, {iso.SLOTS_PER_PROCESS}], got {max_concurrency}.")
+            raise ValueError(
+                f"max_concurrency must be in [1, {iso.SLOTS_PER_PROCESS}], got {max_concurrency}."
+            )
         self.max_concurrency = max_concurrency
         self._uids = iso.UidSlots()
         self._hide_plan = iso.hide_plan(self.python) if self.isolation == "namespaces" else []
@@ -91,21 +98,30 @@ class PythonSandbox:
         marker = uuid.uuid4().hex
         call_dir = tempfile.mkdtemp(prefix=f"{CALL_DIR_PREFIX}{os.getpid()}-")
         try:
-            with self._uids.uid() as uid, cgroups.call_cgroups(marker, self.limits.memory_bytes,
-                                                               self.limits.max_processes) as procs_paths:
+            with (
+                self._uids.uid() as uid,
+                cgroups.call_cgroups(
+                    marker, self.limits.memory_bytes, self.limits.max_processes
+                ) as procs_paths,
+            ):
                 proc = self._launch(code, call_dir, uid, marker, procs_paths)
                 try:
-                    out, err, truncated, timed_out = _collect(proc, start + self.limits.wall_seconds,
-                                                              self.limits.output_bytes)
+                    out, err, truncated, timed_out = _collect(
+                        proc, start + self.limits.wall_seconds, self.limits.output_bytes
+                    )
                 finally:
                     _kill_group(proc)
                     iso.kill_marked(marker)
         finally:
             shutil.rmtree(call_dir, ignore_errors=True)
         return ToolResult(
-            stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
-            exit_code=self._exit_code(proc.returncode, timed_out or truncated), timed_out=timed_out,
-            truncated=truncated, wall_time=time.monotonic() - start, isolation=self.isolation,
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
+            exit_code=self._exit_code(proc.returncode, timed_out or truncated),
+            timed_out=timed_out,
+            truncated=truncated,
+            wall_time=time.monotonic() - start,
+            isolation=self.isolation,
         )
 
     def run_many(self, codes: list[str]) -> list[ToolResult]:
@@ -125,12 +141,26 @@ class PythonSandbox:
         return self._launch_process(code, call_dir, uid, marker, list(procs_paths))
 
     def _launch_namespaced(self, code, call_dir, uid, marker, procs_paths):
-        config = {"mode": "namespaces", "call_dir": call_dir, "uid": uid, "hide": self._hide_plan,
-                  "python": self.python, "env": self._env(marker), "limits": asdict(self.limits),
-                  "cgroup_procs": procs_paths}
+        config = {
+            "mode": "namespaces",
+            "call_dir": call_dir,
+            "uid": uid,
+            "hide": self._hide_plan,
+            "python": self.python,
+            "env": self._env(marker),
+            "limits": asdict(self.limits),
+            "cgroup_procs": procs_paths,
+        }
         argv = [shutil.which("unshare"), *iso.UNSHARE_FLAGS, *self._launcher(config)]
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                cwd=call_dir, env={iso.MARKER_VAR: marker}, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=call_dir,
+            env={iso.MARKER_VAR: marker},
+            start_new_session=True,
+        )
         try:
             proc.stdin.write(code.encode("utf-8", "surrogateescape"))
         except BrokenPipeError:  # init died early; its stderr says why
@@ -150,12 +180,25 @@ class PythonSandbox:
             for path in (workdir, os.path.join(workdir, "main.py")):
                 os.chown(path, uid, uid)
         nproc = self.limits.max_processes + (0 if drop_to is not None else _count_own_processes())
-        config = {"mode": "process", "uid": drop_to, "nproc": nproc, "workdir": workdir,
-                  "argv": [self.python, "-I", "-u", "-c", _SOCKET_BLOCK_PREAMBLE], "env": self._env(marker),
-                  "limits": asdict(self.limits), "cgroup_procs": procs_paths}
-        return subprocess.Popen(self._launcher(config), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, cwd=workdir, env=self._env(marker),
-                                start_new_session=True)
+        config = {
+            "mode": "process",
+            "uid": drop_to,
+            "nproc": nproc,
+            "workdir": workdir,
+            "argv": [self.python, "-I", "-u", "-c", _SOCKET_BLOCK_PREAMBLE],
+            "env": self._env(marker),
+            "limits": asdict(self.limits),
+            "cgroup_procs": procs_paths,
+        }
+        return subprocess.Popen(
+            self._launcher(config),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=workdir,
+            env=self._env(marker),
+            start_new_session=True,
+        )
 
     @staticmethod
     def _launcher(config: dict) -> list[str]:
@@ -176,8 +219,10 @@ def _resolve_isolation(requested: str) -> str:
     if requested == "auto":
         return iso.detect_isolation()
     if requested == "namespaces" and not iso.namespaces_available():
-        raise ValueError("isolation='namespaces' needs root and util-linux unshare on this host; "
-                         "use isolation='auto' or 'process'.")
+        raise ValueError(
+            "isolation='namespaces' needs root and util-linux unshare on this host; "
+            "use isolation='auto' or 'process'."
+        )
     return requested
 
 
@@ -187,7 +232,7 @@ def _check_reachable_by_others(python: str) -> None:
     if blocked:
         raise ValueError(
             f"python_executable={python!r} lives under {iso.first_closed_ancestor(blocked[0])!r}, which the "
-            "sandbox's unprivileged uid cannot enter; pass a world-readable interpreter (e.g. /usr/bin/python3) "
+            "sandbox's unprivileged uid cannot enter; pass a world-readable interpreter (/usr/bin/python3) "
             "or use isolation='namespaces'."
         )
 
