@@ -79,14 +79,15 @@ def build_model(dtype):
 
 def reference_step(dtype, batches, world):
     model = build_model(dtype)
-    losses, logits = [], []
+    losses, logits, logps = [], [], []
     for ids, attention_mask, completion_mask, advantages in batches:
         token_logps, packed_logits = reference_logps_and_logits(model, ids, attention_mask)
         losses.append(grpo_loss_fn(completion_mask, advantages)(token_logps))
         logits.append(packed_logits)
+        logps.append(token_logps.detach())
     (sum(losses) / world).backward()
     grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
-    return [loss.detach() for loss in losses], logits, grads
+    return [loss.detach() for loss in losses], logits, grads, logps
 
 
 def wrap(model, how, rank, world):
@@ -161,7 +162,7 @@ def run_scenario(rank, world, scenario):
     dtype = getattr(torch, scenario["dtype"])
     sp_size = scenario["sp"]
     batches = [make_batch(seed=k) for k in range(world)]
-    ref_losses, ref_logits, ref_grads = reference_step(dtype, batches, world)
+    ref_losses, ref_logits, ref_grads, ref_logps = reference_step(dtype, batches, world)
     model = build_model(dtype)
     wrapped, accelerator = wrap(model, scenario["wrap"], rank, world)
     plugin = ContextParallelPlugin(sp_size=sp_size, inner_attention=scenario["inner"])
@@ -172,11 +173,14 @@ def run_scenario(rank, world, scenario):
         grad_diffs = compare_grads(full_grads(wrapped), ref_grads)
         leader = rank - runner.sp.rank
         logits, start, valid = sharded_logits(runner, batches[leader], sp_size)
+        # no-grad scoring of this rank's batch, by the trained model and by a separate frozen copy
+        scored = [runner.score(ids, attention_mask), runner.score(ids, attention_mask, model=build_model(dtype))]
     keep = max(0, min(logits.shape[0], valid - start))
     report = {
         "loss": _max_diff(result.loss, ref_losses[rank]),
         "logits": _max_diff(logits[:keep], ref_logits[leader][start:start + keep]),
         **{f"grad_{kind}": diff for kind, diff in grad_diffs.items()},
+        "score": max(_max_diff(logps, ref_logps[rank]) for logps in scored),
         "ref_sinks_grad": max(float(g.abs().max()) for n, g in ref_grads.items() if n.endswith("sinks")),
     }
     dist.barrier()

@@ -66,10 +66,11 @@ def test_sharded_forward_refuses_padding_masks_and_missing_positions():
 def test_owner_loop_at_sp1_matches_per_document_float64(inner):
     """sp = 1 runs the same wrapper without collectives: packed rows must equal each document run alone."""
     batch = make_batch(seed=7)
-    ref_losses, _, ref_grads = reference_step(torch.float64, [batch], world=1)
+    ref_losses, _, ref_grads, ref_logps = reference_step(torch.float64, [batch], world=1)
     model = build_model(torch.float64)
     runner = prepare_context_parallel(None, model, ContextParallelPlugin(sp_size=1, inner_attention=inner))
     result = runner.forward_backward(batch[0], batch[1], grpo_loss_fn(batch[2], batch[3]))
     torch.testing.assert_close(result.loss, ref_losses[0], atol=1e-12, rtol=0)
+    torch.testing.assert_close(runner.score(batch[0], batch[1]), ref_logps[0], atol=1e-12, rtol=0)
     for name, param in model.named_parameters():
         torch.testing.assert_close(param.grad, ref_grads[name], atol=1e-12, rtol=0, msg=lambda m, n=name: f"{n}: {m}")

@@ -17,7 +17,7 @@ from tests.parallel._workers import bad_input_worker, equivalence_worker
 pytestmark = pytest.mark.distributed
 
 TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
-METRICS = ("loss", "logits", "grad_sinks", "grad_attention", "grad_other")
+METRICS = ("loss", "logits", "grad_sinks", "grad_attention", "grad_other", "score")
 
 
 def _scenario(sp, wrap, inner, dtype="float32", wrong_sinks=False):

@@ -46,13 +46,14 @@ class StepResult:
 class ContextParallelRunner:
     """Runs forward + backward of each SP-group member's micro-batch, sharded over the group."""
 
-    def __init__(self, model, sp: SequenceParallelGroup, accelerator=None):
+    def __init__(self, model, sp: SequenceParallelGroup, accelerator=None, attention: str | None = None):
         self.model, self.sp, self.accelerator = model, sp, accelerator
+        self.attention = attention or _unwrap(model).config._attn_implementation
 
-    def local_logits(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def local_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, model=None) -> torch.Tensor:
         """Forward of this rank's shard ``[T/n]`` of one packed row -> logits ``[T/n, V]``."""
         with sharded_forward(self.sp):
-            out = self.model(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)
+            out = (model or self.model)(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)
         return out.logits[0]
 
     def forward_backward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, loss_fn: LossFn,
@@ -60,18 +61,12 @@ class ContextParallelRunner:
         """One micro-batch step. ``input_ids, attention_mask: [B, L]`` (this rank's own batch);
         ``loss_fn(token_logps [B, L]) -> scalar`` is called once, on this rank, with differentiable log-probs.
         Gradients are synchronised after the last sub-step when ``sync_gradients`` (False to accumulate)."""
-        packed = pack_rows(input_ids, attention_mask)
-        lengths = gather_lengths(len(packed), self.sp)
-        if min(lengths) < self.sp.size:
-            raise ValueError(f"packed lengths {lengths} of the SP group: every micro-batch needs at least "
-                             f"sp_size={self.sp.size} tokens")
-        members = self._gather_members(packed, lengths)
+        packed, lengths, members = self._share_batches(input_ids, attention_mask)
         result = None
-        for owner in range(self.sp.size):
-            ids, positions, labels = members[owner]
+        for owner, (ids, positions, labels) in enumerate(members):
             last = owner == self.sp.size - 1
             with self._gradient_sync(sync_gradients and last):
-                logps = self._owner_logps(ids, positions, labels)[:lengths[owner]]
+                logps = self._owner_logps(self.model, ids, positions, labels)[:lengths[owner]]
                 if owner == self.sp.rank:
                     token_logps = unpack_token_values(logps, packed)
                     loss = loss_fn(token_logps)
@@ -81,19 +76,43 @@ class ContextParallelRunner:
                 self._backward(loss)
         return result
 
-    def _gather_members(self, packed, lengths):
-        """Every member's packed ``(ids, positions, labels)``, padded to a multiple of sp (no grad)."""
+    @torch.no_grad()
+    def score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, model=None) -> torch.Tensor:
+        """Per-token log-probs ``[B, L]`` of this rank's batch without backward (old / reference log-probs).
+
+        ``model`` (default: the trained one) may be another copy, e.g. the frozen reference model; it is
+        switched to this runner's attention, which behaves exactly like the inner one outside SP.
+        """
+        if model is not None and _unwrap(model).config._attn_implementation != self.attention:
+            _unwrap(model).set_attn_implementation(self.attention)
+        packed, lengths, members = self._share_batches(input_ids, attention_mask)
+        own = None
+        for owner, (ids, positions, labels) in enumerate(members):
+            logps = self._owner_logps(model or self.model, ids, positions, labels)[:lengths[owner]]
+            if owner == self.sp.rank:
+                own = unpack_token_values(logps, packed)
+        return own
+
+    def _share_batches(self, input_ids, attention_mask):
+        """Pack this rank's batch; every member's packed ``(ids, positions, labels)``, padded to a multiple
+        of sp (no grad). The lengths are checked after one all-gather, so all ranks raise together."""
+        packed = pack_rows(input_ids, attention_mask)
+        lengths = gather_lengths(len(packed), self.sp)
+        if min(lengths) < self.sp.size:
+            raise ValueError(f"packed lengths {lengths} of the SP group: every micro-batch needs at least "
+                             f"sp_size={self.sp.size} tokens")
         longest = max(lengths)
         fills = (0, 0, IGNORE_INDEX)
         own = [torch.cat([t, t.new_full((longest - len(packed),), f)])
                for t, f in zip((packed.input_ids, packed.positions, packed.labels), fills)]
         stacked = gather_sequence_no_grad(torch.stack(own)[None], self.sp)  # [n, 3, longest]
-        return [[pad_to_multiple(stacked[j, k, :lengths[j]], self.sp.size, fills[k]) for k in range(3)]
-                for j in range(self.sp.size)]
+        members = [[pad_to_multiple(stacked[j, k, :lengths[j]], self.sp.size, fills[k]) for k in range(3)]
+                   for j in range(self.sp.size)]
+        return packed, lengths, members
 
-    def _owner_logps(self, ids, positions, labels):
+    def _owner_logps(self, model, ids, positions, labels):
         rank, size = self.sp.rank, self.sp.size
-        logits = self.local_logits(shard(ids, rank, size), shard(positions, rank, size))
+        logits = self.local_logits(shard(ids, rank, size), shard(positions, rank, size), model)
         return gather_sequence(token_log_probs(logits, shard(labels, rank, size)), self.sp)
 
     def _gradient_sync(self, enabled: bool):
@@ -121,6 +140,10 @@ def _fsdp2_no_sync(model):
         model.set_requires_gradient_sync(True)
 
 
+def _unwrap(model):
+    return getattr(model, "module", model)  # DDP keeps the model in .module; FSDP2 modifies it in place
+
+
 def _world_size(accelerator) -> int:
     if accelerator is not None:
         return accelerator.num_processes
@@ -135,11 +158,12 @@ def prepare_context_parallel(accelerator, model, plugin: ContextParallelPlugin |
     settings raise the same ``ValueError`` on every rank instead of hanging.
     """
     plugin = plugin if plugin is not None else ContextParallelPlugin.from_env()
-    module = accelerator.unwrap_model(model) if accelerator is not None else getattr(model, "module", model)
+    module = accelerator.unwrap_model(model) if accelerator is not None else _unwrap(model)
     plugin.check_world(_world_size(accelerator))
     plugin.check_model(module.config)
     if getattr(module, "is_activation_checkpointing", False):
         raise ValueError("gradient checkpointing recomputes attention outside the sharded forward; disable it "
                          "(context parallelism already divides activation memory by sp_size)")
-    module.set_attn_implementation(register_ulysses_attention(plugin.inner_attention))
-    return ContextParallelRunner(model, build_sequence_parallel_group(plugin.sp_size), accelerator)
+    attention = register_ulysses_attention(plugin.inner_attention)
+    module.set_attn_implementation(attention)
+    return ContextParallelRunner(model, build_sequence_parallel_group(plugin.sp_size), accelerator, attention)
