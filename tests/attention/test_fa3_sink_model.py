@@ -98,12 +98,13 @@ def test_packed_batch_equals_documents_alone_through_eager(trl_kwargs):
     assert (leaky - logits_f.detach()).abs().max().item() > 1e-2
 
 
-def test_greedy_generate_with_kv_cache_matches_eager():
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_greedy_generate_with_kv_cache_matches_eager(cache):
     eager, fa3 = (m.eval() for m in _pair())
     prompt = torch.randint(0, 512, (2, 30))
     mask = torch.ones_like(prompt)
     mask[0, :7] = 0  # left padding, as generate() expects
-    kwargs = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    kwargs = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0, cache_implementation=cache)
     tokens_e = eager.generate(prompt, **kwargs)
     tokens_f = fa3.generate(prompt, **kwargs)
     assert tokens_f.shape[1] == 42 > eager.config.sliding_window

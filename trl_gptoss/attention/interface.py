@@ -29,9 +29,9 @@ def _check_call(attention_mask, dropout, is_causal, q_len, k_len):
         raise ValueError(f"fa3_sink has no attention dropout, got dropout={dropout}; set config.attention_dropout=0.0")
     if not is_causal:
         raise ValueError("fa3_sink implements causal attention only (GPT-OSS is causal); got is_causal=False")
-    if attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.shape[-1] != k_len):
+    if attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.shape[-1] > k_len):
         raise ValueError(
-            f"fa3_sink expects a 2-D keep-mask [B, {k_len}] or None, got shape {tuple(attention_mask.shape)}; "
+            f"fa3_sink expects a 2-D keep-mask [B, <= {k_len}] or None, got shape {tuple(attention_mask.shape)}; "
             "import trl_gptoss before building masks so AttentionMaskInterface knows 'fa3_sink'")
     if q_len > k_len:
         raise ValueError(f"query length {q_len} exceeds key length {k_len}")
@@ -79,6 +79,10 @@ def fa3_sink_attention_forward(module, query, key, value, attention_mask, dropou
     _check_call(attention_mask, dropout, kwargs.get("is_causal", getattr(module, "is_causal", True)),
                 q_len, k.shape[1])
     sinks = _sinks_for(s_aux, num_heads, q.device)
+    if attention_mask is not None and attention_mask.shape[-1] < k.shape[1]:
+        # A static cache hands over its whole buffer; the mask covers the filled prefix, which ends at the
+        # current queries (transformers' flash path slices keys the same way).
+        k, v = k[:, :attention_mask.shape[-1]], v[:, :attention_mask.shape[-1]]
     if q_len < k.shape[1]:
         if attention_mask is None:
             out = sink_attention(q, k, v, sinks, window=sliding_window, scale=scaling)
