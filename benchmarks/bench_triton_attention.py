@@ -23,6 +23,7 @@ import torch
 
 HQ, HKV, DIM, WINDOW = 64, 8, 64, 128
 RESULTS = Path(__file__).parent / "results" / "triton_attention_gpu.json"
+DEVICE = "cuda"  # a dry run of verify() may set "cpu" under TRITON_INTERPRET=1
 
 
 def _band_pairs(doc_len, window):
@@ -33,11 +34,11 @@ def _band_pairs(doc_len, window):
 
 
 def _inputs(total, docs, dtype, seed=0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(total, HQ, DIM, device="cuda", dtype=dtype, generator=gen)
-    k, v = (torch.randn(total, HKV, DIM, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
-    sinks = torch.rand(HQ, device="cuda", generator=gen) * 4 - 1
-    cu_seqlens = torch.arange(0, total + 1, total // docs, device="cuda", dtype=torch.int32)
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    q = torch.randn(total, HQ, DIM, device=DEVICE, dtype=dtype, generator=gen)
+    k, v = (torch.randn(total, HKV, DIM, device=DEVICE, dtype=dtype, generator=gen) for _ in range(2))
+    sinks = torch.rand(HQ, device=DEVICE, generator=gen) * 4 - 1
+    cu_seqlens = torch.arange(0, total + 1, total // docs, device=DEVICE, dtype=torch.int32)
     return q, k, v, sinks, cu_seqlens, total // docs
 
 
