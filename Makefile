@@ -6,7 +6,7 @@ VLLM_VENV := .venv-vllm
 STAMPS := .stamps
 PY := $(VENV)/bin/python
 # Torch threads per pytest worker: two workers on two cores.
-TEST_ENV := TRITON_INTERPRET=1 OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+TEST_ENV := TRITON_INTERPRET=1 TRITON_DEFAULT_FP_FUSION=1 OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 
 .PHONY: setup setup-vllm test test-fast lint bench clean
 

@@ -4,6 +4,12 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Triton reads this once, at import: set it before any test module imports gptoss_kernels.triton, so a plain
+# `pytest` run proves the kernels on the CPU too. A CUDA host runs the compiled kernels instead.
+if os.environ.get("CUDA_VISIBLE_DEVICES", None) != "" and os.path.exists("/dev/nvidia0"):
+    os.environ.setdefault("TRITON_INTERPRET", "0")
+else:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
