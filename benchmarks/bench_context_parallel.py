@@ -70,7 +70,8 @@ def bench_worker(rank, world, inner, seq_len, documents, steps, heads):
     from trl_gptoss.testing import tiny_gpt_oss
 
     model = tiny_gpt_oss(seed=0, num_attention_heads=heads).train()
-    runner = prepare_context_parallel(None, model, ContextParallelPlugin(sp_size=world, inner_attention=inner))
+    plugin = ContextParallelPlugin(sp_size=world, inner_attention=inner)
+    runner = prepare_context_parallel(None, model, plugin)
     rows, mask = _as_padded_rows(*_packed_sequence(rank, seq_len, documents))
 
     def loss_fn(token_logps):  # NLL per token of the sequence
@@ -140,7 +141,8 @@ def _exact_rss_accounting():
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--inner", default="eager", choices=["eager", "fa3_sink"])
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--documents", type=int, default=4)

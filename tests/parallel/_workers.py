@@ -64,7 +64,8 @@ def reference_logps_and_logits(model, ids, attention_mask):
         cols = attention_mask[row].nonzero()[:, 0]
         tokens = ids[row, cols]
         logits = model(input_ids=tokens[None]).logits[0]
-        logps = torch.log_softmax(logits[:-1].to(token_logps.dtype), dim=-1).gather(-1, tokens[1:, None])[:, 0]
+        logps = torch.log_softmax(logits[:-1].to(token_logps.dtype), dim=-1)
+        logps = logps.gather(-1, tokens[1:, None])[:, 0]
         token_logps = token_logps.index_put((torch.full_like(cols[1:], row), cols[1:]), logps)
         logits_packed.append(logits.detach())
     return token_logps, torch.cat(logits_packed)
@@ -91,7 +92,7 @@ def reference_step(dtype, batches, world):
 
 
 def wrap(model, how, rank, world):
-    """``(wrapped model, accelerator or None)``: torch DDP, torch FSDP2, or accelerate's own DDP preparation."""
+    """``(wrapped model, accelerator or None)``: torch DDP, torch FSDP2, or accelerate's DDP preparation."""
     if how == "ddp":
         return DistributedDataParallel(model), None
     if how == "fsdp2":
@@ -174,7 +175,8 @@ def run_scenario(rank, world, scenario):
         leader = rank - runner.sp.rank
         logits, start, valid = sharded_logits(runner, batches[leader], sp_size)
         # no-grad scoring of this rank's batch, by the trained model and by a separate frozen copy
-        scored = [runner.score(ids, attention_mask), runner.score(ids, attention_mask, model=build_model(dtype))]
+        frozen_copy = build_model(dtype)
+        scored = [runner.score(ids, attention_mask), runner.score(ids, attention_mask, model=frozen_copy)]
     keep = max(0, min(logits.shape[0], valid - start))
     report = {
         "loss": _max_diff(result.loss, ref_losses[rank]),
@@ -206,7 +208,8 @@ def bad_input_worker(rank, world):
         "sp_not_dividing_world": _error_of(
             lambda: prepare_context_parallel(None, model, ContextParallelPlugin(sp_size=world + 1))),
         "sp_not_dividing_heads": _error_of(lambda: prepare_context_parallel(
-            None, tiny_gpt_oss(num_attention_heads=3, num_key_value_heads=1), ContextParallelPlugin(sp_size=2))),
+            None, tiny_gpt_oss(num_attention_heads=3, num_key_value_heads=1),
+            ContextParallelPlugin(sp_size=2))),
     }
     runner = prepare_context_parallel(None, model, ContextParallelPlugin(sp_size=world))
     length = 1 if rank == 0 else 40  # only rank 0's micro-batch is too short

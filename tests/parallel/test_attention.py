@@ -46,7 +46,8 @@ def test_unsharded_calls_bypass_the_wrapper():
     mask[1, :7] = 0
     torch.testing.assert_close(wrapped(input_ids=ids, attention_mask=mask).logits,
                                plain(input_ids=ids, attention_mask=mask).logits, atol=0, rtol=0)
-    generated = [m.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False) for m in (plain, wrapped)]
+    generated = [m.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+                 for m in (plain, wrapped)]
     assert torch.equal(*generated)
 
 
@@ -56,9 +57,10 @@ def test_sharded_forward_refuses_padding_masks_and_missing_positions():
     ids = torch.randint(0, 512, (1, 8))
     mask = torch.ones_like(ids)
     mask[0, 0] = 0
-    with sharded_forward(SequenceParallelGroup.single()), pytest.raises(ValueError, match="pack the batch first"):
+    single = SequenceParallelGroup.single()
+    with sharded_forward(single), pytest.raises(ValueError, match="pack the batch first"):
         model(input_ids=ids, attention_mask=mask, position_ids=torch.arange(8)[None])
-    with sharded_forward(SequenceParallelGroup.single()), pytest.raises(ValueError, match="needs position_ids"):
+    with sharded_forward(single), pytest.raises(ValueError, match="needs position_ids"):
         model.model.layers[0].self_attn(model.model.embed_tokens(ids), (torch.ones(1, 8, 32),) * 2, None)
 
 
@@ -73,4 +75,5 @@ def test_owner_loop_at_sp1_matches_per_document_float64(inner):
     torch.testing.assert_close(result.loss, ref_losses[0], atol=1e-12, rtol=0)
     torch.testing.assert_close(runner.score(batch[0], batch[1]), ref_logps[0], atol=1e-12, rtol=0)
     for name, param in model.named_parameters():
-        torch.testing.assert_close(param.grad, ref_grads[name], atol=1e-12, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(param.grad, ref_grads[name], atol=1e-12, rtol=0,
+                                   msg=lambda m, n=name: f"{n}: {m}")

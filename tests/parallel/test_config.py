@@ -43,7 +43,8 @@ def test_sp_size_must_be_positive_int(sp_size):
 
 
 def test_sp_size_must_divide_world():
-    with pytest.raises(ValueError, match=r"sp_size=4 must divide the number of processes \(6\).*\[1, 2, 3, 6\]"):
+    message = r"sp_size=4 must divide the number of processes \(6\).*\[1, 2, 3, 6\]"
+    with pytest.raises(ValueError, match=message):
         ContextParallelPlugin(sp_size=4).check_world(6)
     ContextParallelPlugin(sp_size=3).check_world(6)
 

@@ -5,7 +5,11 @@
     result = runner.forward_backward(input_ids, attention_mask, loss_fn)
 """
 
-from trl_gptoss.parallel.attention import register_ulysses_attention, sharded_forward, ulysses_attention_forward
+from trl_gptoss.parallel.attention import (
+    register_ulysses_attention,
+    sharded_forward,
+    ulysses_attention_forward,
+)
 from trl_gptoss.parallel.batching import PackedRows, pack_rows, token_log_probs, unpack_token_values
 from trl_gptoss.parallel.comm import gather_sequence, heads_to_seq, seq_to_heads
 from trl_gptoss.parallel.config import ContextParallelPlugin

@@ -37,7 +37,7 @@ NAME_PREFIX = "ulysses_"
 
 @dataclass
 class _ShardedForward:
-    """State of one sharded forward: the SP group and the gathered positions (gathered once, reused per layer)."""
+    """State of one sharded forward: the SP group and the positions gathered once, reused by every layer."""
 
     sp: SequenceParallelGroup
     local_positions: torch.Tensor | None = None
@@ -95,7 +95,8 @@ def _inner_function(inner: str):
     if inner == "eager":
         return eager_attention_forward
     if inner not in ALL_ATTENTION_FUNCTIONS:
-        raise ValueError(f"inner attention {inner!r} is not registered with transformers; import trl_gptoss first")
+        raise ValueError(f"inner attention {inner!r} is not registered with transformers; "
+                         "import trl_gptoss first")
     return ALL_ATTENTION_FUNCTIONS[inner]
 
 
@@ -109,7 +110,7 @@ def _split_kv_for_ranks(key, value, n: int):
 
 def ulysses_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """AttentionInterface entry. ``query: [B, Hq, T/n, D]``, ``key/value: [B, Hkv, T/n, D]`` ->
-    ``([B, T/n, Hq, D], None)``. ``kwargs`` carries ``sliding_window``, ``s_aux`` (sinks) and ``position_ids``."""
+    ``([B, T/n, Hq, D], None)``. ``kwargs``: ``sliding_window``, ``s_aux`` (sinks), ``position_ids``."""
     inner = _inner_of(module)
     state = _ACTIVE.get()
     if state is None:
@@ -150,7 +151,8 @@ def _ulysses_mask(inner: str):
         if _ACTIVE.get() is not None:
             padding = kwargs.get("attention_mask")
             if padding is not None and not bool(padding.all()):
-                raise ValueError("a sharded forward takes packed rows without padding mask; pack the batch first")
+                raise ValueError("a sharded forward takes packed rows without padding mask; "
+                                 "pack the batch first")
             return None
         if inner in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
             return ALL_MASK_ATTENTION_FUNCTIONS[inner](**kwargs)

@@ -23,7 +23,7 @@ IGNORE_INDEX = -100
 
 @dataclass
 class PackedRows:
-    """One packed row. ``target_rows/target_cols [N]``: the ``[B, L]`` cell of ``labels[i]`` (-1 when none)."""
+    """One packed row. ``target_rows/target_cols [N]``: the ``[B, L]`` cell of ``labels[i]`` (-1: none)."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor

@@ -51,7 +51,7 @@ class ContextParallelPlugin:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> ContextParallelPlugin:
-        """Build from ``TRL_GPTOSS_SP_<FIELD>`` variables (e.g. ``TRL_GPTOSS_SP_SIZE``); keyword overrides win."""
+        """Build from ``TRL_GPTOSS_SP_<FIELD>`` variables (``TRL_GPTOSS_SP_SIZE``, ...); keywords win."""
         environ = os.environ if environ is None else environ
         values = {}
         for spec in fields(cls):
@@ -71,7 +71,7 @@ class ContextParallelPlugin:
         """Raise when the model's heads cannot be split over ``sp_size`` ranks.
 
         Query heads are split evenly; KV heads are split when ``sp_size <= Hkv`` (needs ``Hkv % sp == 0``) and
-        replicated when ``sp_size > Hkv`` (needs ``sp % Hkv == 0`` so each rank's query heads share one KV head).
+        replicated when ``sp_size > Hkv`` (needs ``sp % Hkv == 0``: a rank's query heads share one KV head).
         """
         hq, hkv = config.num_attention_heads, config.num_key_value_heads
         if hq % self.sp_size:

@@ -37,7 +37,7 @@ LossFn = Callable[[torch.Tensor], torch.Tensor]
 
 @dataclass
 class StepResult:
-    """This rank's own loss and per-token log-probs ``[B, L]`` (detached; entry ``[b, t]`` = log p(token t))."""
+    """This rank's own loss and per-token log-probs ``[B, L]`` (detached; ``[b, t]`` = log p(token t))."""
 
     loss: torch.Tensor
     token_logps: torch.Tensor
@@ -53,7 +53,8 @@ class ContextParallelRunner:
     def local_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, model=None) -> torch.Tensor:
         """Forward of this rank's shard ``[T/n]`` of one packed row -> logits ``[T/n, V]``."""
         with sharded_forward(self.sp):
-            out = (model or self.model)(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)
+            out = (model or self.model)(input_ids=input_ids[None], position_ids=positions[None],
+                                        use_cache=False)
         return out.logits[0]
 
     def forward_backward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, loss_fn: LossFn,
@@ -162,8 +163,8 @@ def prepare_context_parallel(accelerator, model, plugin: ContextParallelPlugin |
     plugin.check_world(_world_size(accelerator))
     plugin.check_model(module.config)
     if getattr(module, "is_activation_checkpointing", False):
-        raise ValueError("gradient checkpointing recomputes attention outside the sharded forward; disable it "
-                         "(context parallelism already divides activation memory by sp_size)")
+        raise ValueError("gradient checkpointing recomputes attention outside the sharded forward; disable "
+                         "it (context parallelism already divides activation memory by sp_size)")
     attention = register_ulysses_attention(plugin.inner_attention)
     module.set_attn_implementation(attention)
     return ContextParallelRunner(model, build_sequence_parallel_group(plugin.sp_size), accelerator, attention)
