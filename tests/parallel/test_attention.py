@@ -9,7 +9,12 @@ from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 
 from gptoss_kernels import sink_attention_ref
 from tests.parallel._workers import build_model, grpo_loss_fn, make_batch, reference_step
-from trl_gptoss.parallel import ContextParallelPlugin, prepare_context_parallel, sharded_forward
+from trl_gptoss.parallel import (
+    ContextParallelPlugin,
+    prepare_context_parallel,
+    sharded_forward,
+    ulysses_attention_forward,
+)
 from trl_gptoss.parallel.groups import SequenceParallelGroup
 from trl_gptoss.parallel.masks import additive_mask, cu_seqlens
 from trl_gptoss.testing import tiny_gpt_oss
@@ -51,7 +56,7 @@ def test_unsharded_calls_bypass_the_wrapper():
     assert torch.equal(*generated)
 
 
-def test_sharded_forward_refuses_padding_masks_and_missing_positions():
+def test_sharded_forward_refuses_padding_masks_missing_positions_and_caches():
     model = tiny_gpt_oss()
     prepare_context_parallel(None, model, ContextParallelPlugin(sp_size=1))
     ids = torch.randint(0, 512, (1, 8))
@@ -62,6 +67,10 @@ def test_sharded_forward_refuses_padding_masks_and_missing_positions():
         model(input_ids=ids, attention_mask=mask, position_ids=torch.arange(8)[None])
     with sharded_forward(single), pytest.raises(ValueError, match="needs position_ids"):
         model.model.layers[0].self_attn(model.model.embed_tokens(ids), (torch.ones(1, 8, 32),) * 2, None)
+    query, cached_keys = torch.randn(1, 4, 8, 64), torch.randn(1, 2, 12, 64)
+    with sharded_forward(single), pytest.raises(ValueError, match="use_cache=False"):
+        ulysses_attention_forward(model.model.layers[0].self_attn, query, cached_keys, cached_keys, None,
+                                  position_ids=torch.arange(8)[None])
 
 
 @pytest.mark.parametrize("inner", ["eager", "fa3_sink"])

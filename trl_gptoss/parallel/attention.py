@@ -119,6 +119,9 @@ def ulysses_attention_forward(module, query, key, value, attention_mask, scaling
     sp, local_positions = state.sp, kwargs.pop("position_ids", None)
     if local_positions is None:
         raise ValueError("a sharded forward needs position_ids (each rank's slice of the packed positions)")
+    if key.shape[2] != query.shape[2]:
+        raise ValueError(f"a sharded forward attends within the sequence ({query.shape[2]} queries, "
+                         f"{key.shape[2]} keys); call the model with use_cache=False and no past_key_values")
     hq = query.shape[1]
     if hq % sp.size:
         raise ValueError(f"num_attention_heads={hq} must be a multiple of sp_size={sp.size}")
