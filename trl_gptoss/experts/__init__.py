@@ -12,7 +12,12 @@ from trl_gptoss.experts.module import (
     register_sequential_experts,
     sequential_experts_forward,
 )
-from trl_gptoss.experts.ops import sequential_experts, swiglu_clamped, swiglu_clamped_backward
+from trl_gptoss.experts.ops import (
+    sequential_experts,
+    swiglu_clamped,
+    swiglu_clamped_backward,
+    swiglu_clamped_with_grad,
+)
 from trl_gptoss.experts.plan import ExpertPlan, build_expert_plan, check_experts_inputs
 
 register_sequential_experts()
@@ -31,4 +36,5 @@ __all__ = [
     "sequential_experts_forward",
     "swiglu_clamped",
     "swiglu_clamped_backward",
+    "swiglu_clamped_with_grad",
 ]

@@ -34,36 +34,52 @@ def _math_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in _LOW_PRECISION else dtype
 
 
-def swiglu_clamped(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
-    """GPT-OSS gated activation: ``gate_up [N, 2I]`` (gate at even, up at odd columns) → ``[N, I]``."""
-    gate = gate_up[..., 0::2].clamp(max=limit)
-    up = gate_up[..., 1::2].clamp(min=-limit, max=limit)
-    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+def swiglu_clamped(gate_up: torch.Tensor, alpha: float, limit: float, math_dtype: torch.dtype | None = None):
+    """GPT-OSS gated activation: ``gate_up [N, 2I]`` (gate at even, up at odd columns) → ``[N, I]``.
+
+    ``h = (clamp(up, -L, L) + 1) * g * sigmoid(alpha * g)`` with ``g = min(gate, L)``, computed in ``math_dtype``
+    (default: the input's), same operation order as upstream ``GptOssExperts._apply_gate``.
+    """
+    math_dtype = math_dtype or gate_up.dtype
+    gate = gate_up[..., 0::2].to(math_dtype, copy=True).clamp_(max=limit)
+    up_plus_one = gate_up[..., 1::2].to(math_dtype, copy=True).clamp_(min=-limit, max=limit).add_(1)
+    glu = gate.mul_(torch.mul(gate, alpha).sigmoid_())
+    return up_plus_one.mul_(glu)
 
 
-def swiglu_clamped_backward(
-    gate_up: torch.Tensor, grad_h: torch.Tensor, alpha: float, limit: float
-) -> torch.Tensor:
-    """Gradient of ``swiglu_clamped`` w.r.t. ``gate_up: [N, 2I]`` given ``grad_h: [N, I]``.
+def swiglu_clamped_with_grad(
+    gate_up: torch.Tensor, grad_h: torch.Tensor, alpha: float, limit: float, grad_dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``swiglu_clamped(gate_up)`` ``[N, I]`` (in ``grad_h``'s dtype) and its gradient w.r.t. ``gate_up: [N, 2I]``
+    (in ``grad_dtype``, default ``gate_up``'s) given ``grad_h: [N, I]``, sharing one sigmoid.
 
-    With ``s = sigmoid(alpha*g)``: ``dh/dg = (u+1) (s + alpha g s (1-s))``, ``dh/du = g s``; the clamps pass
-    the gradient where the input lies in the closed interval (torch's convention: ``gate <= L``,
+    With ``s = sigmoid(alpha*g)``, ``glu = g s``: ``dh/dg = (u+1) (s + alpha glu (1-s))``, ``dh/du = glu``; the
+    clamps pass the gradient where the input lies in the closed interval (torch's convention: ``gate <= L``,
     ``-L <= up <= L``).
     """
+    math_dtype = grad_h.dtype
     raw_gate, raw_up = gate_up[..., 0::2], gate_up[..., 1::2]
-    gate = raw_gate.clamp(max=limit)
-    up = raw_up.clamp(min=-limit, max=limit)
-    sig = torch.sigmoid(gate * alpha)
-    d_gate = grad_h * (up + 1) * (sig + alpha * gate * sig * (1 - sig))
-    d_up = grad_h * (gate * sig)
-    d_gate = d_gate.masked_fill_(raw_gate > limit, 0)
-    d_up = d_up.masked_fill_((raw_up < -limit) | (raw_up > limit), 0)
-    # Re-interleave: [N, I, 2] viewed as [N, 2I] puts gate at even and up at odd columns.
-    return torch.stack((d_gate, d_up), dim=-1).flatten(-2)
+    gate = raw_gate.to(math_dtype, copy=True).clamp_(max=limit)
+    up_plus_one = raw_up.to(math_dtype, copy=True).clamp_(min=-limit, max=limit).add_(1)
+    sig = torch.mul(gate, alpha).sigmoid_()
+    glu = gate.mul_(sig)
+    # Write both halves straight into the interleaved (and possibly lower-precision) gradient buffer.
+    d_gate_up = torch.empty(gate_up.shape, dtype=grad_dtype or gate_up.dtype, device=gate_up.device)
+    d_gate, d_up = d_gate_up[..., 0::2], d_gate_up[..., 1::2]
+    torch.mul(grad_h, glu, out=d_up).masked_fill_(raw_up.abs() > limit, 0)
+    d_glu = torch.sub(1, sig).mul_(glu).mul_(alpha).add_(sig)
+    torch.mul(d_glu.mul_(grad_h), up_plus_one, out=d_gate).masked_fill_(raw_gate > limit, 0)
+    return glu.mul_(up_plus_one), d_gate_up
+
+
+def swiglu_clamped_backward(gate_up: torch.Tensor, grad_h: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """Gradient of ``swiglu_clamped`` w.r.t. ``gate_up: [N, 2I]`` given ``grad_h: [N, I]``."""
+    return swiglu_clamped_with_grad(gate_up, grad_h, alpha, limit)[1]
 
 
 def _expert_hidden(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
-    return swiglu_clamped(gate_up.to(_math_dtype(gate_up.dtype)), alpha, limit).to(gate_up.dtype)
+    """``swiglu_clamped`` with fp32 math for half inputs, result in the input dtype (feeds the down matmul)."""
+    return swiglu_clamped(gate_up, alpha, limit, _math_dtype(gate_up.dtype)).to(gate_up.dtype)
 
 
 def _experts_forward(hidden, weights_sorted, plan: ExpertPlan, w1, b1, w2, b2, alpha, limit, save_gate_up):
@@ -72,18 +88,28 @@ def _experts_forward(hidden, weights_sorted, plan: ExpertPlan, w1, b1, w2, b2, a
     hidden: [T, H]; weights_sorted: [S] routing weights in plan order (S = T*K).
     Returns ``out: [T, H]`` and, when ``save_gate_up``, the pre-activations ``[S, 2I]`` in plan order.
     """
-    acc_dtype = _math_dtype(hidden.dtype)
-    out = torch.zeros(hidden.shape, dtype=acc_dtype, device=hidden.device)
+    # Accumulate in the output dtype like upstream: an fp32 buffer for half inputs would cost 2x the output
+    # (3x with the final cast) in eval, where the issue's target is the loop's peak. Each index_add_ call has
+    # distinct token rows (top-k experts are distinct), so it is deterministic on CUDA too.
+    out = torch.zeros_like(hidden)
     gate_up_all = hidden.new_empty(plan.num_pairs, w1.shape[-1]) if save_gate_up else None
     for expert, start, end in plan.segments:
         tokens = plan.token_of_pair[start:end]
-        gate_up = torch.addmm(b1[expert], hidden.index_select(0, tokens), w1[expert])
-        if gate_up_all is not None:
-            gate_up_all[start:end] = gate_up
-        expert_out = torch.addmm(b2[expert], _expert_hidden(gate_up, alpha, limit), w2[expert])
-        expert_out = expert_out.to(acc_dtype).mul_(weights_sorted[start:end, None].to(acc_dtype))
-        out.index_add_(0, tokens, expert_out)
-    return out.to(hidden.dtype), gate_up_all
+        slot = None if gate_up_all is None else gate_up_all[start:end]  # write the saved activation in place
+        # mm + add_ rather than addmm: oneDNN caches a primitive per (shape, post-op) and the fused-bias ones
+        # measurably grow the cold-start RSS on CPU.
+        gate_up = torch.mm(hidden.index_select(0, tokens), w1[expert], out=slot).add_(b1[expert])
+        expert_out = torch.mm(_expert_hidden(gate_up, alpha, limit), w2[expert]).add_(b2[expert])
+        out.index_add_(0, tokens, expert_out.mul_(weights_sorted[start:end, None]))
+    return out, gate_up_all
+
+
+def _accumulate_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, first: bool) -> None:
+    """``out = a @ b`` on an expert's first chunk (no read of stale memory), ``out += a @ b`` after."""
+    if first:
+        torch.mm(a, b, out=out)
+    else:
+        out.addmm_(a, b)
 
 
 def _experts_backward(
@@ -95,30 +121,37 @@ def _experts_backward(
     ``gW = g W2^T``; ``dL/dw = rowsum(gW * h) + g . b2`` (equals ``<g, y>`` without recomputing y);
     ``dy = w g``; ``dW2 += h^T dy``; ``db2 += sum dy``; ``dgu = swiglu'(gate_up, w gW)``;
     ``dW1 += x^T dgu``; ``db1 += sum dgu``; ``d_hidden[tokens] += dgu W1^T``.
+    Weight gradients start uninitialised: each expert's first chunk overwrites its slice, experts without
+    tokens are zeroed at the end (no full-size memset per call).
     """
     math_dtype = _math_dtype(hidden.dtype)
     grad_out = grad_out.contiguous()
     d_hidden = torch.zeros(hidden.shape, dtype=math_dtype, device=hidden.device)
     d_weights = weights_sorted.new_empty(plan.num_pairs)
-    d_w1, d_b1, d_w2, d_b2 = (torch.zeros_like(p) for p in (w1, b1, w2, b2))
+    d_w1, d_b1, d_w2, d_b2 = (torch.empty_like(p) for p in (w1, b1, w2, b2))
+    seen = set()
     for expert, start, end in plan.segments:
+        first = expert not in seen
+        seen.add(expert)
         tokens = plan.token_of_pair[start:end]
         weight = weights_sorted[start:end, None]
-        gate_up = gate_up_all[start:end]
         grad_y = grad_out.index_select(0, tokens)
-        grad_times_w2 = grad_y @ w2[expert].T
-        h = _expert_hidden(gate_up, alpha, limit)
-        d_weights[start:end] = (grad_times_w2.to(math_dtype) * h.to(math_dtype)).sum(-1) + grad_y.to(
-            math_dtype
-        ) @ b2[expert].to(math_dtype)
+        grad_times_w2 = (grad_y @ w2[expert].T).to(math_dtype)
+        grad_h = grad_times_w2 * weight.to(math_dtype)
+        h, d_gate_up = swiglu_clamped_with_grad(gate_up_all[start:end], grad_h, alpha, limit)
+        d_weights[start:end] = grad_times_w2.mul_(h).sum(-1).add_((grad_y @ b2[expert]).to(math_dtype))
         grad_y_scaled = grad_y * weight
-        d_w2[expert].addmm_(h.T, grad_y_scaled)
-        d_b2[expert] += grad_y_scaled.sum(0)
-        grad_h = grad_times_w2.to(math_dtype) * weight.to(math_dtype)
-        d_gate_up = swiglu_clamped_backward(gate_up.to(math_dtype), grad_h, alpha, limit).to(hidden.dtype)
-        d_w1[expert].addmm_(hidden.index_select(0, tokens).T, d_gate_up)
-        d_b1[expert] += d_gate_up.sum(0)
+        _accumulate_mm(d_w2[expert], h.to(hidden.dtype).T, grad_y_scaled, first)
+        _accumulate_mm(d_w1[expert], hidden.index_select(0, tokens).T, d_gate_up, first)
+        for bias_grad, rows in ((d_b2[expert], grad_y_scaled), (d_b1[expert], d_gate_up)):
+            if first:
+                torch.sum(rows, 0, out=bias_grad)
+            else:
+                bias_grad += rows.sum(0)
         d_hidden.index_add_(0, tokens, (d_gate_up @ w1[expert].T).to(math_dtype))
+    for expert in set(range(w1.shape[0])) - seen:
+        for grad in (d_w1, d_b1, d_w2, d_b2):
+            grad[expert].zero_()
     return d_hidden.to(hidden.dtype), d_weights, d_w1, d_b1, d_w2, d_b2
 
 

@@ -1,0 +1,222 @@
+"""Peak memory and time of GPT-OSS experts implementations: eval forward and train forward+backward.
+
+Compares ``gptoss_sequential`` (trl_gptoss.experts) with upstream transformers ``eager`` (per-expert loop),
+``grouped_mm`` (the default) and ``batched_mm``. Every case runs in a fresh subprocess (so peak RSS is its own)
+with one thread, checks its output (and, for train, d_hidden) on a 64-token prefix against a float64 reference
+before timing, then measures:
+
+- peak: VmHWM - VmRSS around the first measured call (``/proc/self/clear_refs`` resets the high-water mark;
+  ``MALLOC_MMAP_THRESHOLD_`` is pinned so freed tensors leave RSS), includes weight gradients in train mode
+  (``set_to_none`` before each call) and the growth of oneDNN's per-shape caches; ``peak_warm_mib`` is the same
+  for the second call (caches warm), when the case is fast enough to run twice;
+- time: the fastest of up to 3 calls, wall and CPU seconds (the minimum is the estimate least disturbed by
+  other jobs on a shared machine; the median wall time is kept in the JSON).
+
+Usage: ``python benchmarks/bench_experts.py [--quick] [--out benchmarks/results/experts_cpu.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+PREFIX_TOKENS = 64
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _case(impl, mode, tokens, hidden=512, inter=512, experts=32, top_k=4, dtype="fp32"):
+    return dict(impl=impl, mode=mode, tokens=tokens, hidden=hidden, inter=inter, experts=experts, top_k=top_k,
+                dtype=dtype)
+
+
+def all_cases(quick: bool) -> list[dict]:
+    """H = I = 512, E = 32, top-4 at 1k/4k/16k (batched_mm only at 256: ~12 MiB per token), and one
+    GPT-OSS-20b-width layer (H = I = 2880, E = 32, top-4, bf16) at 1k tokens."""
+    small_impls = ["gptoss_sequential", "eager", "grouped_mm"]
+    token_counts = [1024] if quick else [1024, 4096, 16384]
+    cases = [_case(impl, mode, 256) for mode in ("eval", "train") for impl in [*small_impls, "batched_mm"]]
+    cases += [_case(impl, mode, t) for t in token_counts for mode in ("eval", "train") for impl in small_impls]
+    if not quick:
+        cases += [_case(impl, mode, 1024, hidden=2880, inter=2880, dtype="bf16")
+                  for mode in ("eval", "train") for impl in small_impls]
+    return cases
+
+
+# ----------------------------------------------------------------------------------------------- worker side
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak() -> int:
+    """Return freed memory to the OS, reset the RSS high-water mark, return the current RSS in KiB."""
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    Path("/proc/self/clear_refs").write_text("5")
+    return _status_kib("VmRSS")
+
+
+def _build(case):
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    import trl_gptoss.experts  # noqa: F401  (registers gptoss_sequential)
+    from trl_gptoss.testing import tiny_gpt_oss_config
+
+    dtype = DTYPES[case["dtype"]]
+    config = tiny_gpt_oss_config(hidden_size=case["hidden"], intermediate_size=case["inter"],
+                                 num_local_experts=case["experts"], num_experts_per_tok=case["top_k"])
+    config._experts_implementation = case["impl"]
+    generator = torch.Generator().manual_seed(0)
+    with torch.device("meta"):
+        module = GptOssExperts(config)
+    module = module.to_empty(device="cpu").to(dtype)
+    with torch.no_grad():
+        for param in module.parameters():
+            fan_in = param.shape[-2] if param.dim() == 3 else 1
+            param.copy_(torch.randn(param.shape, generator=generator, dtype=dtype) * (0.02 if fan_in == 1 else
+                                                                                       fan_in ** -0.5))
+    tokens = case["tokens"]
+    hidden = torch.randn(tokens, case["hidden"], generator=generator, dtype=dtype)
+    logits = torch.randn(tokens, case["experts"], generator=generator)
+    top_values, index = logits.topk(case["top_k"], dim=-1)
+    return module, hidden, index, top_values.softmax(-1).to(dtype)
+
+
+def _reference(module, hidden, index, weights):
+    """float64 per-pair math over the experts hit by ``hidden``'s tokens (casts one expert at a time)."""
+    out = torch.zeros(hidden.shape, dtype=torch.float64)
+    for expert in index.unique().tolist():
+        token, slot = (index == expert).nonzero(as_tuple=True)
+        gate_up = hidden[token].double() @ module.gate_up_proj[expert].double() + module.gate_up_proj_bias[expert]
+        gate = gate_up[:, 0::2].clamp(max=module.limit)
+        up = gate_up[:, 1::2].clamp(-module.limit, module.limit)
+        act = (up + 1) * gate * torch.sigmoid(module.alpha * gate)
+        y = act @ module.down_proj[expert].double() + module.down_proj_bias[expert].double()
+        out.index_add_(0, token, y * weights[token, slot, None].double())
+    return out
+
+
+def _verify(case, module, hidden, index, weights):
+    """Check output (and d_hidden for train) on a prefix against float64; raise if outside tolerance."""
+    dtype = DTYPES[case["dtype"]]
+    h, i, w = hidden[:PREFIX_TOKENS], index[:PREFIX_TOKENS], weights[:PREFIX_TOKENS]
+    h64 = h.double().requires_grad_(True)
+    ref = _reference(module, h64, i, w)
+    cotangent = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    checks = [("out", lambda: module(h, i, w), lambda: ref.detach())]
+    if case["mode"] == "train":
+        (ref_grad,) = torch.autograd.grad((ref * cotangent).sum(), h64)
+        hg = h.detach().requires_grad_(True)
+        checks.append(("d_hidden", lambda: torch.autograd.grad((module(hg, i, w) * cotangent.to(dtype)).sum(), hg)[0],
+                       lambda: ref_grad))
+    errors = {}
+    for name, actual_fn, expected_fn in checks:
+        with torch.set_grad_enabled(name != "out"):
+            actual, expected = actual_fn().double(), expected_fn()
+        errors[name] = ((actual - expected).abs().max() / expected.abs().max()).item()
+        if errors[name] > TOLERANCE[dtype]:
+            raise AssertionError(f"{case['impl']} {name}: relative error {errors[name]:.2e} > {TOLERANCE[dtype]}")
+    return errors
+
+
+def _step(case, module, hidden, index, weights):
+    if case["mode"] == "eval":
+        with torch.no_grad():
+            module(hidden, index, weights)
+        return
+    module.zero_grad(set_to_none=True)
+    h, w = hidden.detach().requires_grad_(True), weights.detach().requires_grad_(True)
+    module(h, index, w).float().square().mean().backward()
+
+
+def run_worker(case: dict) -> dict:
+    torch.set_num_threads(1)
+    module, hidden, index, weights = _build(case)
+    errors = _verify(case, module, hidden, index, weights)
+    module.zero_grad(set_to_none=True)
+    walls, cpus, peaks = [], [], []
+    while len(walls) < 3 and sum(walls) < 20:
+        baseline = _reset_peak()
+        wall, cpu = time.perf_counter(), time.process_time()
+        _step(case, module, hidden, index, weights)
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+        if len(peaks) < 2:  # first (cold: library caches and workspaces grow too) and second (warm) call
+            peaks.append(round((_status_kib("VmHWM") - baseline) / 1024, 1))
+    return {**case, "verified_rel_err": errors, "peak_mib": peaks[0], "peak_warm_mib": (peaks + [None])[1],
+            "wall_s": round(min(walls), 4), "cpu_s": round(min(cpus), 4),
+            "wall_s_median": round(statistics.median(walls), 4),
+            "reps": len(walls)}
+
+
+# ----------------------------------------------------------------------------------------------- driver side
+def run_case(case: dict, timeout: float) -> dict:
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(case)], capture_output=True,
+                          text=True, env=env, timeout=timeout)
+    if proc.returncode != 0:
+        return {**case, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr else f"rc {proc.returncode}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _ratios(results):
+    """Add ``peak_vs_sequential`` and ``time_vs_sequential`` (CPU seconds: robust to a shared machine)."""
+    key = lambda r: (r["mode"], r["tokens"], r["hidden"], r["dtype"])
+    ours = {key(r): r for r in results if r["impl"] == "gptoss_sequential" and "error" not in r}
+    for r in results:
+        base = ours.get(key(r))
+        if base and "error" not in r:
+            r["peak_vs_sequential"] = round(r["peak_mib"] / max(base["peak_mib"], 0.1), 2)
+            r["time_vs_sequential"] = round(r["cpu_s"] / base["cpu_s"], 2)
+
+
+def print_table(results):
+    header = "| mode | T | H=I | dtype | impl | peak MiB | wall s | cpu s | peak / seq | time / seq |"
+    print(header)
+    print("|---" * (header.count("|") - 1) + "|")
+    for r in results:
+        if "error" in r:
+            print(f"| {r['mode']} | {r['tokens']} | {r['hidden']} | {r['dtype']} | {r['impl']} | error: {r['error']} |")
+            continue
+        print(f"| {r['mode']} | {r['tokens']} | {r['hidden']} | {r['dtype']} | {r['impl']} | {r['peak_mib']} | "
+              f"{r['wall_s']} | {r['cpu_s']} | {r.get('peak_vs_sequential', '')} | {r.get('time_vs_sequential', '')} |")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="T=256 and 1k only, no 20b-width layer")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "experts_cpu.json"))
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(run_worker(json.loads(args.worker))))
+        return
+    started = time.perf_counter()
+    results = []
+    for case in all_cases(args.quick):
+        results.append(run_case(case, args.timeout))
+        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    _ratios(results)
+    print_table(results)
+    meta = {"torch": torch.__version__, "cpu": platform.processor() or platform.machine(), "threads": 1,
+            "load_avg_at_end": os.getloadavg(), "total_wall_s": round(time.perf_counter() - started, 1),
+            "note": "2-core CPU shared with other jobs; compare ratios within this run"}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
