@@ -4,6 +4,8 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 
 from gptoss_kernels import chunked, sink_attention_chunked, sink_attention_ref
@@ -177,3 +179,30 @@ def test_chunked_rejects_bad_tuning_arguments(kwargs, match):
     q, kv = torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 8)
     with pytest.raises(ValueError, match=match):
         sink_attention_chunked(q, kv, kv, torch.zeros(2), **kwargs)
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any aten op produces (views included, so it over- rather than under-counts)."""
+
+    def __init__(self):
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        sizes = [t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        self.numel = max([self.numel, *sizes])
+        return out
+
+
+def test_no_tensor_grows_with_t_squared():
+    """Forward + backward at T=1024 never creates anything larger than q or one score tile (O(T * chunk))."""
+    seqlen, hq, hkv, dim, q_chunk, key_chunk = 1024, 4, 2, 16, 64, 128
+    leaves = [torch.randn(1, seqlen, hq, dim), torch.randn(1, seqlen, hkv, dim), torch.randn(1, seqlen, hkv, dim),
+              torch.randn(hq)]
+    leaves = [t.requires_grad_() for t in leaves]
+    with _LargestTensor() as largest:
+        out = sink_attention_chunked(*leaves, q_chunk=q_chunk, key_chunk=key_chunk)
+        out.sum().backward()
+    bound = max(seqlen * hq * dim, hq * q_chunk * key_chunk)
+    assert largest.numel <= bound < hq * seqlen * seqlen // 16, f"largest tensor {largest.numel} > {bound}"
