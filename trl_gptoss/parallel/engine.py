@@ -58,10 +58,13 @@ class ContextParallelRunner:
         return out.logits[0]
 
     def forward_backward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, loss_fn: LossFn,
-                         *, sync_gradients: bool = True) -> StepResult:
+                         *, sync_gradients: bool | None = None) -> StepResult:
         """One micro-batch step. ``input_ids, attention_mask: [B, L]`` (this rank's own batch);
         ``loss_fn(token_logps [B, L]) -> scalar`` is called once, on this rank, with differentiable log-probs.
-        Gradients are synchronised after the last sub-step when ``sync_gradients`` (False to accumulate)."""
+        Gradients are synchronised after the last sub-step when ``sync_gradients`` (False to accumulate;
+        None: ``accelerator.sync_gradients``, i.e. what ``accelerator.accumulate`` decided, else True)."""
+        if sync_gradients is None:
+            sync_gradients = self.accelerator.sync_gradients if self.accelerator is not None else True
         packed, lengths, members = self._share_batches(input_ids, attention_mask)
         result = None
         for owner, (ids, positions, labels) in enumerate(members):
