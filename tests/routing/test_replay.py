@@ -162,3 +162,16 @@ def test_gradient_checkpointing_recompute_is_allowed():
     with replay_routing(model, record):
         token_log_probs(model, input_ids, use_cache=False).sum().backward()
     assert record.num_tokens == BATCH * LENGTH
+
+
+def test_padded_batch_record_and_replay():
+    """Left-padded rows route too (one record row per router row); replay reproduces the recorded pass."""
+    model, input_ids = _model("eager"), _batch(4)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, :17] = 0
+    with torch.no_grad(), record_routing(model) as first:
+        first_log_probs = token_log_probs(model, input_ids, attention_mask=attention_mask)
+    assert first.num_tokens == BATCH * LENGTH
+    with torch.no_grad(), boost_unselected_experts(model, first), replay_routing(model, first):
+        replayed = token_log_probs(model, input_ids, attention_mask=attention_mask)
+    assert torch.equal(replayed, first_log_probs)
