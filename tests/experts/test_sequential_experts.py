@@ -111,3 +111,22 @@ def test_swiglu_backward_matches_autograd_at_the_clamp_boundaries():
     (expected,) = torch.autograd.grad(reference._apply_gate(gate_up), gate_up, grad_h)
     actual = swiglu_clamped_backward(gate_up.detach(), grad_h, alpha, limit)
     torch.testing.assert_close(actual, expected, rtol=1e-14, atol=1e-14)
+
+
+def test_frozen_expert_parameters_get_no_gradient():
+    """Frozen experts (e.g. LoRA elsewhere): no weight gradients computed, input and routing grads unchanged."""
+    reference, hidden, index, weights, _ = case_inputs("random", torch.float32)
+    expected = forward_and_grads(reference, hidden, index, weights)
+    experts = sequential_copy(reference)
+    experts.down_proj.requires_grad_(False)
+    experts.gate_up_proj_bias.requires_grad_(False)
+    hidden = hidden.clone().requires_grad_(True)
+    weights = weights.clone().requires_grad_(True)
+    out = experts(hidden, index, weights)
+    cotangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).float()
+    (out * cotangent).sum().backward()
+    assert experts.down_proj.grad is None and experts.gate_up_proj_bias.grad is None
+    actual = {"d_hidden": hidden.grad, "d_routing_weights": weights.grad, "d_gate_up_proj": experts.gate_up_proj.grad,
+              "d_down_proj_bias": experts.down_proj_bias.grad}
+    for name, grad in actual.items():
+        assert max_rel_diff(grad, expected[GRAD_NAMES.index(name)]) <= 1e-6, name

@@ -113,7 +113,7 @@ def _accumulate_mm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, first: b
 
 
 def _experts_backward(
-    grad_out, hidden, weights_sorted, gate_up_all, plan: ExpertPlan, w1, b1, w2, b2, alpha, limit
+    grad_out, hidden, weights_sorted, gate_up_all, plan: ExpertPlan, w1, b1, w2, b2, alpha, limit, needs_param_grad
 ):
     """Gradients of ``_experts_forward``: (d_hidden [T,H], d_weights_sorted [S], dW1, db1, dW2, db2).
 
@@ -122,13 +122,15 @@ def _experts_backward(
     ``dy = w g``; ``dW2 += h^T dy``; ``db2 += sum dy``; ``dgu = swiglu'(gate_up, w gW)``;
     ``dW1 += x^T dgu``; ``db1 += sum dgu``; ``d_hidden[tokens] += dgu W1^T``.
     Weight gradients start uninitialised: each expert's first chunk overwrites its slice, experts without
-    tokens are zeroed at the end (no full-size memset per call).
+    tokens are zeroed at the end (no full-size memset per call). ``needs_param_grad`` (4 bools, for W1, b1, W2,
+    b2) skips the gradients of frozen parameters (e.g. LoRA elsewhere): ``None`` is returned for them.
     """
     math_dtype = _math_dtype(hidden.dtype)
     grad_out = grad_out.contiguous()
     d_hidden = torch.zeros(hidden.shape, dtype=math_dtype, device=hidden.device)
     d_weights = weights_sorted.new_empty(plan.num_pairs)
-    d_w1, d_b1, d_w2, d_b2 = (torch.empty_like(p) for p in (w1, b1, w2, b2))
+    d_w1, d_b1, d_w2, d_b2 = (torch.empty_like(p) if need else None for p, need in zip((w1, b1, w2, b2),
+                                                                                        needs_param_grad))
     seen = set()
     for expert, start, end in plan.segments:
         first = expert not in seen
@@ -141,17 +143,20 @@ def _experts_backward(
         h, d_gate_up = swiglu_clamped_with_grad(gate_up_all[start:end], grad_h, alpha, limit)
         d_weights[start:end] = grad_times_w2.mul_(h).sum(-1).add_((grad_y @ b2[expert]).to(math_dtype))
         grad_y_scaled = grad_y * weight
-        _accumulate_mm(d_w2[expert], h.to(hidden.dtype).T, grad_y_scaled, first)
-        _accumulate_mm(d_w1[expert], hidden.index_select(0, tokens).T, d_gate_up, first)
-        for bias_grad, rows in ((d_b2[expert], grad_y_scaled), (d_b1[expert], d_gate_up)):
-            if first:
-                torch.sum(rows, 0, out=bias_grad)
-            else:
-                bias_grad += rows.sum(0)
+        if d_w2 is not None:
+            _accumulate_mm(d_w2[expert], h.to(hidden.dtype).T, grad_y_scaled, first)
+        if d_w1 is not None:
+            _accumulate_mm(d_w1[expert], hidden.index_select(0, tokens).T, d_gate_up, first)
+        for bias_grad, rows in ((d_b2, grad_y_scaled), (d_b1, d_gate_up)):
+            if bias_grad is not None and first:
+                torch.sum(rows, 0, out=bias_grad[expert])
+            elif bias_grad is not None:
+                bias_grad[expert] += rows.sum(0)
         d_hidden.index_add_(0, tokens, (d_gate_up @ w1[expert].T).to(math_dtype))
     for expert in set(range(w1.shape[0])) - seen:
         for grad in (d_w1, d_b1, d_w2, d_b2):
-            grad[expert].zero_()
+            if grad is not None:
+                grad[expert].zero_()
     return d_hidden.to(hidden.dtype), d_weights, d_w1, d_b1, d_w2, d_b2
 
 
@@ -172,7 +177,8 @@ class SequentialExpertsFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         hidden, weights_sorted, gate_up_all, w1, b1, w2, b2 = ctx.saved_tensors
         d_hidden, d_weights_sorted, d_w1, d_b1, d_w2, d_b2 = _experts_backward(
-            grad_out, hidden, weights_sorted, gate_up_all, ctx.plan, w1, b1, w2, b2, ctx.alpha, ctx.limit
+            grad_out, hidden, weights_sorted, gate_up_all, ctx.plan, w1, b1, w2, b2, ctx.alpha, ctx.limit,
+            ctx.needs_input_grad[2:6],
         )
         d_weights = torch.empty_like(d_weights_sorted).index_copy_(0, ctx.plan.order, d_weights_sorted)
         d_weights = d_weights.reshape(ctx.weights_shape).to(weights_sorted.dtype)
