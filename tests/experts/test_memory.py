@@ -57,3 +57,14 @@ def test_the_check_catches_per_pair_weight_copies():
     reference.config._experts_implementation = "batched_mm"
     largest = _largest_in_train_step(reference)
     assert largest.numel >= NUM_EXPERTS * NUM_TOKENS * HIDDEN, largest.shape
+
+
+def test_eval_allocates_nothing_larger_than_the_output():
+    """Without grad no [T*K, 2I] activation buffer is kept: the output [T, H] is the largest tensor."""
+    reference = upstream_experts(NUM_EXPERTS, HIDDEN, HIDDEN, dtype=torch.float32)
+    patch_gpt_oss_experts(reference)
+    hidden = torch.randn(NUM_TOKENS, HIDDEN)
+    index, weights = random_routing(NUM_TOKENS, NUM_EXPERTS, TOP_K, dtype=torch.float32)
+    with torch.no_grad(), LargestTensor() as largest:
+        reference(hidden, index, weights)
+    assert largest.numel <= NUM_TOKENS * HIDDEN, f"{largest.shape} from {largest.op}"
