@@ -44,9 +44,7 @@ def select_backend(q, k, cu_seqlens, window, backend="auto"):
     """Return ``(backend, reason)`` for these inputs; ``ValueError`` for unknown or impossible choices."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "reference":
-        return backend, "requested"
-    if backend == "chunked":
+    if backend in ("reference", "chunked"):
         return backend, "requested"
     if backend == "fa4":
         why_not = "flash-attn-4 is not importable on an SM90+ GPU" if not fa4_available() else fa4_supports(q, window)
@@ -69,7 +67,7 @@ def select_backend(q, k, cu_seqlens, window, backend="auto"):
 def _to_packed(q, k, v):
     """Batched ``[B, T, H, D]`` with ``Tq == Tk`` -> packed ``[B*T, H, D]`` plus its int32 cu_seqlens."""
     batch, seqlen = q.shape[:2]
-    cu_seqlens = torch.arange(0, (batch + 1) * seqlen, seqlen, dtype=torch.int32, device=q.device)
+    cu_seqlens = (torch.arange(batch + 1, device=q.device) * seqlen).to(torch.int32)
     flat = [t.reshape(batch * seqlen, *t.shape[2:]) for t in (q, k, v)]
     return (*flat, cu_seqlens, seqlen)
 
