@@ -42,7 +42,8 @@ def check_sink_attention_inputs(q, k, v, sinks, *, cu_seqlens=None, window=None)
     if hkv == 0 or hq % hkv != 0:
         raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv}) for GQA")
     if rank == 4 and (k.shape[0] != q.shape[0] or k.shape[1] < q.shape[1]):
-        raise ValueError(f"k/v must have q's batch size and at least q's length: q {tuple(q.shape)}, k {tuple(k.shape)}")
+        raise ValueError(
+            f"k/v must have q's batch size and at least q's length: q {tuple(q.shape)}, k {tuple(k.shape)}")
     if rank == 3:
         if k.shape[0] != q.shape[0]:
             raise ValueError(f"packed q and k must have the same token count, got {q.shape[0]} and {k.shape[0]}")
@@ -50,7 +51,8 @@ def check_sink_attention_inputs(q, k, v, sinks, *, cu_seqlens=None, window=None)
     if sinks is None:
         raise ValueError("sinks is None: sink attention needs one sink logit per query head, a [Hq] tensor")
     if not isinstance(sinks, torch.Tensor) or sinks.shape != (hq,):
-        raise ValueError(f"sinks must have shape ({hq},) (one logit per query head), got {getattr(sinks, 'shape', None)}")
+        got = getattr(sinks, "shape", None)
+        raise ValueError(f"sinks must have shape ({hq},) (one logit per query head), got {got}")
     if sinks.device != q.device:
         raise ValueError(f"sinks is on {sinks.device} but q is on {q.device}")
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window <= 0):
