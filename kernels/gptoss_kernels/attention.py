@@ -37,6 +37,11 @@ def _triton_unsupported(q, k, cu_seqlens, interpreter_ok=False):
         return "tensors are not on CUDA (on CPU, backend='triton' needs TRITON_INTERPRET=1 set before import)"
     if cu_seqlens is None and q.shape[1] != k.shape[1]:
         return f"batched Tq={q.shape[1]} < Tk={k.shape[1]} (decoding) is not a packed layout"
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"the Triton kernel takes fp16/bf16/fp32, not {q.dtype}"
+    head_dim = q.shape[-1]
+    if head_dim < 16 or head_dim > 128 or head_dim & (head_dim - 1):
+        return f"the Triton kernel takes power-of-two head_dim in [16, 128], not {head_dim}"
     return None
 
 
