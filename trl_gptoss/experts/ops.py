@@ -9,7 +9,7 @@ Math, for a token ``t`` routed to experts ``e_1..e_K`` with routing weights ``w_
     y         = h @ W2[e] + b2[e]                            W2: [E, I, H], b2: [E, H]
     out_t     = sum_k w_k * y_k                              [H]
 
-Layers (STYLE.md #1): ``swiglu_clamped``/``swiglu_clamped_backward`` (elementwise math) →
+Layers (STYLE.md #1): ``swiglu_clamped``/``swiglu_clamped_with_grad`` (elementwise math) →
 ``_experts_forward``/``_experts_backward`` (loops over expert slices, allocate outputs) →
 ``SequentialExpertsFunction`` (saves tensors, calls the loops) → ``sequential_experts`` (public).
 
@@ -17,7 +17,10 @@ Why a custom backward: autograd through a per-expert loop materialises a full ``
 every ``W1[e]`` index and a full ``[T, H]`` gradient for every token gather, i.e. work that grows with E x T. Here
 the weight gradients are written slice by slice into one buffer, and the only activation saved for backward is the
 ``[T*K, 2I]`` gate/up pre-activation (grouped_mm's autograd saves the gathered input, gate/up, the gate's
-intermediates and the down output as well).
+intermediates and the down output as well). Eval (no grad) saves nothing.
+
+Precision: the gate math runs in fp32 for half inputs; the output accumulates in the input dtype, as upstream's
+loop does (an fp32 buffer would double eval's output memory); ``d_hidden`` accumulates in fp32.
 """
 
 from __future__ import annotations
