@@ -13,7 +13,8 @@ the host's view never changes:
 1. Hide ``hide_dirs`` (e.g. ``/root``, whose secrets the code must not read) under empty tmpfs mounts, but
    bind the interpreter's directories back in, so a non-root uid can start Python from a private install.
 2. Make every existing mount read-only and nosuid (``mount_setattr(AT_RECURSIVE)``).
-3. Mount fresh size-limited tmpfs on ``/tmp``, ``/dev/shm``, ``/var/tmp``; the working directory is
+3. Mount fresh size-limited tmpfs on ``/tmp``, ``/dev/shm``, ``/var/tmp`` (binding back, read-only, the
+   interpreter's directories that lived there, e.g. a virtualenv in /tmp); the working directory is
    ``/tmp/work`` (owned by the call's uid), so everything written vanishes with the mount namespace.
 4. Fork: the child drops to an unprivileged uid (its own per-call uid, so ``RLIMIT_NPROC`` counts only
    this call's processes), sets resource limits and ``no_new_privs``, and execs Python on ``main.py``.
@@ -31,13 +32,14 @@ import resource
 import signal
 import sys
 
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC = 0x2, 0x4, 0x1000, 0x4000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 0x1, 0x2, 0x4, 0x20, 0x1000, 0x4000
 MNT_DETACH = 0x2
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID = 0x1, 0x2
 AT_FDCWD, AT_RECURSIVE = -100, 0x8000
 SYS_MOUNT_SETATTR = 442  # x86_64 and aarch64 share the number of this (new-style) syscall
 PR_SET_NO_NEW_PRIVS = 38
 ALARM_EXIT = 124
+SCRATCH_DIRS = ("/tmp", "/dev/shm", "/var/tmp")
 WORKDIR = "/tmp/work"  # inside the call's own /tmp tmpfs, so it vanishes with the mount namespace
 
 LIBC = ctypes.CDLL(None, use_errno=True)
@@ -82,6 +84,19 @@ def _hide_keeping(hide_dir, keep, stage_root):
         _check(LIBC.umount2(stage.encode(), MNT_DETACH), f"umount {stage}")
 
 
+def _cover_scratch_keeping(scratch, size, keep):
+    """A fresh tmpfs on ``scratch``, with the interpreter's directories that lived under it (a virtualenv in
+    /tmp, say) bound back in read-only. They are reached through ``O_PATH`` descriptors opened before the
+    tmpfs covers them."""
+    handles = [(os.open(path, os.O_PATH | os.O_DIRECTORY), path) for path in keep]
+    _tmpfs(scratch, size, 0o1777)
+    for fd, path in handles:
+        os.makedirs(path, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
+        os.close(fd)
+
+
 def _make_everything_read_only():
     attr = _MountAttr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, 0, 0)
     ret = LIBC.syscall(
@@ -97,9 +112,9 @@ def prepare_filesystem(cfg):
         _hide_keeping(hide_dir, keep, stage_root)
     _make_everything_read_only()
     disk = cfg["limits"]["disk_bytes"]
-    for scratch in ("/tmp", "/dev/shm", "/var/tmp"):
+    for scratch in SCRATCH_DIRS:
         if os.path.isdir(scratch):
-            _tmpfs(scratch, disk, 0o1777)
+            _cover_scratch_keeping(scratch, disk, [p for p in cfg["python_dirs"] if p.startswith(scratch + "/")])
     os.mkdir(WORKDIR, 0o700)
     os.chown(WORKDIR, cfg["uid"], cfg["uid"])
 

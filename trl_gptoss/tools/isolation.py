@@ -50,7 +50,8 @@ def detect_isolation() -> str:
 
 @functools.lru_cache(maxsize=8)
 def interpreter_dirs(python: str) -> tuple[str, ...]:
-    """Directories ``python`` needs to start: its real location, ``sys.prefix`` and ``sys.base_prefix``."""
+    """Directories ``python`` needs to start: its real location, its own (virtualenv) root, ``sys.prefix`` and
+    ``sys.base_prefix``. ``-S`` hides the virtualenv from ``sys.prefix``, so the venv root is added from the path."""
     query = "import json, sys; print(json.dumps([sys.prefix, sys.base_prefix]))"
     try:
         out = subprocess.run([python, "-I", "-S", "-c", query], capture_output=True, timeout=30, check=True)
@@ -60,7 +61,8 @@ def interpreter_dirs(python: str) -> tuple[str, ...]:
         ) from exc
     prefixes = json.loads(out.stdout)
     real_dir = os.path.dirname(os.path.dirname(os.path.realpath(python)))
-    return tuple(sorted({os.path.realpath(p) for p in [*prefixes, real_dir]}))
+    own_root = os.path.dirname(os.path.dirname(os.path.abspath(python)))
+    return tuple(sorted({os.path.realpath(p) for p in [*prefixes, real_dir, own_root]}))
 
 
 def first_closed_ancestor(path: str) -> str | None:

@@ -147,6 +147,7 @@ class PythonSandbox:
             "uid": uid,
             "hide": self._hide_plan,
             "python": self.python,
+            "python_dirs": list(iso.interpreter_dirs(self.python)),
             "env": self._env(marker),
             "limits": asdict(self.limits),
             "cgroup_procs": procs_paths,
