@@ -55,8 +55,9 @@ def own_cgroups() -> list[str]:
     )
 
 
-def descendants(pid: int) -> list[int]:
-    """All live descendants of ``pid`` found through /proc (ppid links)."""
+def descendants(pid: int, ignore=()) -> list[int]:
+    """All live descendants of ``pid`` found through /proc (ppid links), except the subtrees rooted at
+    ``ignore`` (processes that were there before the call, e.g. a session-wide vLLM server fixture)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -71,6 +72,7 @@ def descendants(pid: int) -> list[int]:
     out, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
+            if child not in ignore:
+                out.append(child)
+                todo.append(child)
     return out

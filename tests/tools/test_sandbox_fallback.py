@@ -29,11 +29,12 @@ def fallback():
 
 @pytest.fixture(autouse=True)
 def _nothing_left_behind():
+    before = set(descendants(os.getpid()))
     yield
     deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline and descendants(os.getpid()):
+    while time.monotonic() < deadline and descendants(os.getpid(), ignore=before):
         time.sleep(0.05)
-    assert descendants(os.getpid()) == [] and own_call_dirs() == []
+    assert descendants(os.getpid(), ignore=before) == [] and own_call_dirs() == []
 
 
 def test_output_exit_code_and_environment(fallback, monkeypatch):

@@ -45,15 +45,16 @@ def short_clock():
 
 @pytest.fixture(autouse=True)
 def _nothing_left_behind():
-    """After every case: no process of the sandbox uids, no descendant of this process, no call dir."""
+    """After every case: no process of the sandbox uids, no new descendant of this process, no call dir."""
+    before = set(descendants(os.getpid()))
     yield
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline and (
-        processes_of_uids(sandbox_uid_range()) or descendants(os.getpid())
+        processes_of_uids(sandbox_uid_range()) or descendants(os.getpid(), ignore=before)
     ):
         time.sleep(0.05)  # the kernel tears a PID namespace down asynchronously
     assert processes_of_uids(sandbox_uid_range()) == [], "a sandboxed process outlived its call"
-    assert descendants(os.getpid()) == [], "a child of the test process outlived the call"
+    assert descendants(os.getpid(), ignore=before) == [], "a child of the test process outlived the call"
     assert own_call_dirs() == [], "a call's temporary directory was not removed"
     assert own_cgroups() == [], "a call's cgroup was not removed"
 
