@@ -13,6 +13,7 @@ Two isolation levels (``PythonSandbox(isolation=...)``):
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import os
@@ -95,12 +96,15 @@ class UidSlots:
     """Hands out a distinct unprivileged uid to each running call of this Python process.
 
     ``RLIMIT_NPROC`` is counted per uid, system-wide: a uid per call means one call's fork bomb cannot
-    starve a concurrent call, and ``pytest -n 2`` workers (different pids) never share uids.
+    starve a concurrent call, and ``pytest -n 2`` workers (different pids) never share uids. Slots are reused
+    first-in first-out: a finished call's killed processes may linger as zombies for a moment, and zombies
+    still count towards ``RLIMIT_NPROC`` of their uid, so the next call must not inherit that uid at once.
+    One instance per process (``PROCESS_UID_SLOTS``), shared by every sandbox, for the same reason.
     """
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._free = list(range(SLOTS_PER_PROCESS - 1, -1, -1))
+        self._free = collections.deque(range(SLOTS_PER_PROCESS))
 
     @contextmanager
     def uid(self) -> Iterator[int]:
@@ -109,12 +113,15 @@ class UidSlots:
                 raise ValueError(
                     f"more than {SLOTS_PER_PROCESS} concurrent sandbox calls; lower max_concurrency."
                 )
-            slot = self._free.pop()
+            slot = self._free.popleft()
         try:
             yield UID_BASE + (os.getpid() % (1 << 20)) * SLOTS_PER_PROCESS + slot
         finally:
             with self._lock:
                 self._free.append(slot)
+
+
+PROCESS_UID_SLOTS = UidSlots()
 
 
 def marked_processes(marker: str) -> list[int]:

@@ -83,7 +83,7 @@ class PythonSandbox:
                 f"max_concurrency must be in [1, {iso.SLOTS_PER_PROCESS}], got {max_concurrency}."
             )
         self.max_concurrency = max_concurrency
-        self._uids = iso.UidSlots()
+        self._uids = iso.PROCESS_UID_SLOTS
         self._hide_plan = iso.hide_plan(self.python) if self.isolation == "namespaces" else []
         self._is_root = os.geteuid() == 0
         if self.isolation == "process" and self._is_root:
