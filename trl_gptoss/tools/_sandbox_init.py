@@ -33,7 +33,6 @@ import signal
 import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 0x1, 0x2, 0x4, 0x20, 0x1000, 0x4000
-MNT_DETACH = 0x2
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID = 0x1, 0x2
 AT_FDCWD, AT_RECURSIVE = -100, 0x8000
 SYS_MOUNT_SETATTR = 442  # x86_64 and aarch64 share the number of this (new-style) syscall
@@ -69,27 +68,12 @@ def _tmpfs(target, size, mode, uid=0, gid=0):
     _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode={mode:o},uid={uid},gid={gid}")
 
 
-def _hide_keeping(hide_dir, keep, stage_root):
-    """Cover ``hide_dir`` with an empty tmpfs, then bind each path of ``keep`` back at its own place."""
-    stages = []
-    for i, path in enumerate(keep):
-        stage = os.path.join(stage_root, f"{len(os.listdir(stage_root))}-{i}")
-        os.mkdir(stage)
-        _mount(path, stage, None, MS_BIND | MS_REC)
-        stages.append((stage, path))
-    _tmpfs(hide_dir, "1m", 0o755)
-    for stage, path in stages:
-        os.makedirs(path, exist_ok=True)
-        _mount(stage, path, None, MS_BIND | MS_REC)
-        _check(LIBC.umount2(stage.encode(), MNT_DETACH), f"umount {stage}")
-
-
-def _cover_scratch_keeping(scratch, size, keep):
-    """A fresh tmpfs on ``scratch``, with the interpreter's directories that lived under it (a virtualenv in
-    /tmp, say) bound back in read-only. They are reached through ``O_PATH`` descriptors opened before the
-    tmpfs covers them."""
+def _cover_keeping(target, size, mode, keep):
+    """Cover ``target`` with a fresh tmpfs, then bind each path of ``keep`` (the interpreter's directories that
+    lived under it: a pyenv under /root, a virtualenv under /tmp) back at its own place, read-only. The paths
+    are reached through ``O_PATH`` descriptors opened before the tmpfs covers them."""
     handles = [(os.open(path, os.O_PATH | os.O_DIRECTORY), path) for path in keep]
-    _tmpfs(scratch, size, 0o1777)
+    _tmpfs(target, size, mode)
     for fd, path in handles:
         os.makedirs(path, exist_ok=True)
         _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
@@ -106,15 +90,13 @@ def _make_everything_read_only():
 
 
 def prepare_filesystem(cfg):
-    stage_root = os.path.join(cfg["call_dir"], "stage")
-    os.mkdir(stage_root, 0o700)
     for hide_dir, keep in cfg["hide"]:
-        _hide_keeping(hide_dir, keep, stage_root)
+        _cover_keeping(hide_dir, "1m", 0o755, keep)
     _make_everything_read_only()
     disk = cfg["limits"]["disk_bytes"]
     for scratch in SCRATCH_DIRS:
         if os.path.isdir(scratch):
-            _cover_scratch_keeping(scratch, disk, [p for p in cfg["python_dirs"] if p.startswith(scratch + "/")])
+            _cover_keeping(scratch, disk, 0o1777, [p for p in cfg["python_dirs"] if p.startswith(scratch + "/")])
     os.mkdir(WORKDIR, 0o700)
     os.chown(WORKDIR, cfg["uid"], cfg["uid"])
 
