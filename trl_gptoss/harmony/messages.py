@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 DEFAULT_MODEL_IDENTITY = "You are ChatGPT, a large language model trained by OpenAI."
 DEFAULT_CHANNELS = ("analysis", "commentary", "final")
@@ -88,7 +88,6 @@ class Message:
     recipient: str | None = None
     content_type: str | None = None
     name: str | None = None
-    extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):
         if self.role not in ROLES:

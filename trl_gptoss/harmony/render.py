@@ -7,6 +7,8 @@ BPE boundaries and therefore the token ids the model sees.
 
 from __future__ import annotations
 
+import dataclasses
+
 from trl_gptoss.harmony.codec import codec_for
 from trl_gptoss.harmony.messages import (
     PYTHON_NAMESPACE,
@@ -145,7 +147,7 @@ def build_messages(conversation, *, tools=(), system=None, python_tool: bool = F
     if system is not False and not any(m.role == "system" for m in body):
         system = system if system is not None else SystemContent()
         if python_tool:
-            system = SystemContent(**{**system.__dict__, "tools": system.tools + (PYTHON_NAMESPACE,)})
+            system = dataclasses.replace(system, tools=system.tools + (PYTHON_NAMESPACE,))
         messages.append(Message("system", system))
     if instructions or specs:
         if any(m.role == "developer" for m in body):

@@ -84,7 +84,9 @@ class VLLMServer:
         self._env.pop("TRITON_INTERPRET", None)
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen | None = None
-        self.log_path = Path(tempfile.mkstemp(prefix="vllm-server-", suffix=".log")[1])
+        log_fd, log_name = tempfile.mkstemp(prefix="vllm-server-", suffix=".log")
+        os.close(log_fd)  # start() reopens it for the child; keeping this descriptor would only leak it
+        self.log_path = Path(log_name)
 
     def start(self) -> VLLMServer:
         with open(self.log_path, "wb") as log:
