@@ -1,0 +1,19 @@
+"""Rollouts: engines behind one async ``generate`` and the multi-turn Harmony tool loop ``run_rollouts``."""
+
+from trl_gptoss.rollout.types import (
+    FinishReason,
+    Generation,
+    GenerationRequest,
+    Rollout,
+    RolloutEngine,
+    StopReason,
+)
+
+__all__ = [
+    "FinishReason",
+    "Generation",
+    "GenerationRequest",
+    "Rollout",
+    "RolloutEngine",
+    "StopReason",
+]

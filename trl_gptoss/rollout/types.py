@@ -1,0 +1,96 @@
+"""The rollout layer's contract: what an engine is asked, what it answers, what a finished rollout holds.
+
+Every engine (in-process transformers, vLLM server over HTTP, a scripted one in tests) implements
+``async generate(GenerationRequest) -> Generation``; the multi-turn loop (``run_rollouts``) only speaks this
+interface, so each conversation can advance on its own while others wait for the engine or a tool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+FinishReason = Literal["stop", "length"]
+StopReason = Literal["final", "max_turns", "length", "parse_error"]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One sampling call: continue ``prompt_ids`` by at most ``max_new_tokens`` tokens.
+
+    ``stop_token_ids`` end sampling (the stop token is part of the output, as Harmony's ``<|call|>`` and
+    ``<|return|>`` must be trained on). ``seed=None`` samples from the engine's own stream.
+    """
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if not self.prompt_ids:
+            raise ValueError("GenerationRequest.prompt_ids is empty; render the conversation first")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"GenerationRequest.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.temperature > 0:
+            raise ValueError(f"GenerationRequest.temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"GenerationRequest.top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What the engine sampled: token ids (stop token included), their log-probs, why sampling ended.
+
+    ``logprobs[i]`` is the log-probability of ``token_ids[i]`` under the distribution actually sampled from
+    (temperature applied; vLLM's ``processed_logprobs``), which is what the trainer recomputes.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+
+    def __post_init__(self):
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(f"Generation has {len(self.token_ids)} tokens but {len(self.logprobs)} logprobs")
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Anything that samples continuations of token-id prompts.
+
+    ``max_model_len`` is the engine's context length (prompt + completion); ``push_weights(model)`` makes
+    the engine sample from ``model``'s current parameters (a no-op where the engine shares them).
+    """
+
+    max_model_len: int
+
+    async def generate(self, request: GenerationRequest) -> Generation: ...
+
+    def push_weights(self, model) -> None: ...
+
+
+@dataclass
+class Rollout:
+    """One finished multi-turn conversation, ready for the trainer.
+
+    ``completion_ids`` holds everything after the prompt: sampled tokens (``completion_mask`` 1) and the
+    tool messages and next ``<|start|>assistant`` headers the loop inserted (``completion_mask`` 0).
+    ``logprobs`` are the engine's for sampled tokens and 0.0 for inserted ones. Rendering ``messages`` with
+    ``render_conversation(..., for_training=True)`` gives exactly ``prompt_ids + completion_ids``.
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    completion_mask: list[int]
+    logprobs: list[float]
+    messages: list  # the conversation after the prompt, as harmony ``Message``s (assistant + tool)
+    final_answer: str | None
+    num_turns: int
+    num_tool_calls: int
+    num_tool_errors: int
+    stop_reason: StopReason
+    timings: dict[str, float] = field(default_factory=dict)
