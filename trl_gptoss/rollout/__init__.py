@@ -1,5 +1,6 @@
 """Rollouts: engines behind one async ``generate`` and the multi-turn Harmony tool loop ``run_rollouts``."""
 
+from trl_gptoss.rollout.transformers_engine import TransformersEngine
 from trl_gptoss.rollout.types import (
     FinishReason,
     Generation,
@@ -16,4 +17,5 @@ __all__ = [
     "Rollout",
     "RolloutEngine",
     "StopReason",
+    "TransformersEngine",
 ]
