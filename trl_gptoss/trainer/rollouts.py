@@ -1,0 +1,147 @@
+"""The trainer's side of the rollout layer: build the engine, run one batch, hand TRL its tensors.
+
+TRL's ``rollout_func`` contract is what ``GptOssGRPOTrainer`` fills: ``prompt_ids``, ``completion_ids``,
+``logprobs`` (the engine's, 0.0 on inserted tool tokens), ``env_mask`` (becomes TRL's ``tool_mask``: 1 on
+sampled tokens, 0 on inserted ones, so tool output is attended but never trained on) and extra columns that
+TRL merges into the rows the reward functions receive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+import urllib.request
+from pathlib import Path
+
+from trl_gptoss.rollout.config import RolloutConfig, derive_seed
+from trl_gptoss.rollout.types import Rollout
+
+logger = logging.getLogger(__name__)
+
+# Extra columns every reward function receives (aligned with ``completions``).
+ROLLOUT_COLUMNS = ("final_answer", "messages", "num_turns", "num_tool_calls", "num_tool_errors", "stop_reason")
+
+
+def build_tools(names: list[str]) -> list:
+    """Instantiate the trl_gptoss tools named in ``GptOssGRPOConfig.tool_names``."""
+    from trl_gptoss.tools import PythonTool
+
+    registry = {"python": PythonTool}
+    unknown = [n for n in names if n not in registry]
+    if unknown:
+        raise ValueError(f"unknown tool names {unknown}; available: {sorted(registry)}")
+    return [registry[name]() for name in names]
+
+
+def rollout_config(args, step: int, process_index: int, max_turns: int | None = None) -> RolloutConfig:
+    """Sampling settings of one generation round. The seed differs per optimizer step and per process (so
+    processes never sample the same continuations) and is reproducible from ``args.seed``."""
+    return RolloutConfig(
+        max_turns=max_turns or args.max_turns,
+        max_completion_tokens=args.max_completion_length,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k if args.top_k and args.top_k > 0 else -1,
+        seed=derive_seed(args.seed, step, process_index),
+    )
+
+
+def check_server(base_url: str, timeout: float = 10.0) -> None:
+    """Raise at construction when ``base_url`` does not answer ``GET /health`` with 200."""
+    try:
+        with urllib.request.urlopen(f"{base_url.rstrip('/')}/health", timeout=timeout) as response:
+            if response.status == 200:
+                return
+            status = response.status
+    except OSError as exc:
+        status = exc
+    raise ValueError(f"rollout_server_url={base_url!r} does not answer GET /health ({status}); start the server "
+                     "(`vllm serve ...`) or set rollout_server_url=None to start one")
+
+
+class RolloutBackend:
+    """The engine a trainer samples from, plus the server it started (if any), stopped by ``close``."""
+
+    def __init__(self, args, model, tokenizer):
+        self.server = None
+        self._tmp = None
+        if args.rollout_backend == "transformers":
+            from trl_gptoss.rollout.transformers_engine import TransformersEngine
+
+            self.engine = TransformersEngine(model, tokenizer)
+        else:
+            self.engine = self._server_engine(args, model, tokenizer)
+
+    def _server_engine(self, args, model, tokenizer):
+        from trl_gptoss.rollout.vllm_engine import VLLMServerEngine
+
+        url = args.rollout_server_url
+        if url is None:
+            url = self._start_server(args, model, tokenizer)
+        check_server(url)
+        return VLLMServerEngine(url)
+
+    def _start_server(self, args, model, tokenizer) -> str:
+        """Save the model (adapters merged) and serve it with ``vllm serve``; its weights are replaced by a
+        push before every rollout anyway, the checkpoint only fixes architecture and tokenizer."""
+        from trl_gptoss.rollout.server import VLLMServer
+        from trl_gptoss.rollout.weight_sync import unwrap
+
+        self._tmp = tempfile.TemporaryDirectory(prefix="trl-gptoss-rollout-")
+        path = Path(self._tmp.name)
+        base = unwrap(model)
+        base = base.merge_and_unload() if hasattr(base, "merge_and_unload") else base
+        base.save_pretrained(path, safe_serialization=True)
+        tokenizer.save_pretrained(path)
+        self.server = VLLMServer(path, max_model_len=_server_context(args), startup_timeout=args.rollout_server_timeout)
+        self.server.start()
+        logger.info("started a vLLM rollout server at %s", self.server.base_url)
+        return self.server.base_url
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+        if self._tmp is not None:
+            with contextlib.suppress(OSError):
+                self._tmp.cleanup()
+            self._tmp = None
+
+
+def _server_context(args) -> int:
+    return int(getattr(args, "rollout_max_model_len", 0) or 4096)
+
+
+def rollouts_to_trl(rollouts: list[Rollout]) -> dict:
+    """TRL ``rollout_func`` output for one batch (lists aligned with the prompts)."""
+    output = {
+        "prompt_ids": [r.prompt_ids for r in rollouts],
+        "completion_ids": [r.completion_ids for r in rollouts],
+        "logprobs": [r.logprobs for r in rollouts],
+        "env_mask": [r.completion_mask for r in rollouts],
+    }
+    for column in ROLLOUT_COLUMNS:
+        output[column] = [_column_value(r, column) for r in rollouts]
+    return output
+
+
+def _column_value(rollout: Rollout, column: str):
+    value = getattr(rollout, column)
+    if column == "messages":
+        return [_message_dict(m) for m in value]
+    return value
+
+
+def _message_dict(message) -> dict:
+    if isinstance(message, dict):
+        return message
+    to_dict = getattr(message, "to_dict", None)
+    return to_dict() if callable(to_dict) else {"role": getattr(message, "role", None),
+                                                 "content": getattr(message, "content", None)}
+
+
+def final_answer_completions(rollouts: list[Rollout]) -> list[list[dict]]:
+    """What TRL passes as ``completions`` to rewards: the final answer as one assistant message ("" when the
+    conversation ended without one), so answer-matching rewards never see tool output or analysis."""
+    return [[{"role": "assistant", "content": r.final_answer or ""}] for r in rollouts]
