@@ -1,5 +1,8 @@
 """Rollouts: engines behind one async ``generate`` and the multi-turn Harmony tool loop ``run_rollouts``."""
 
+from trl_gptoss.rollout.config import RolloutConfig
+from trl_gptoss.rollout.loop import arun_rollouts, run_rollouts
+from trl_gptoss.rollout.python_session import PythonSession
 from trl_gptoss.rollout.transformers_engine import TransformersEngine
 from trl_gptoss.rollout.types import (
     FinishReason,
@@ -14,8 +17,12 @@ __all__ = [
     "FinishReason",
     "Generation",
     "GenerationRequest",
+    "PythonSession",
     "Rollout",
+    "RolloutConfig",
     "RolloutEngine",
     "StopReason",
     "TransformersEngine",
+    "arun_rollouts",
+    "run_rollouts",
 ]

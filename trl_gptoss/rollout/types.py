@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
+from trl_gptoss.harmony.messages import Message
+
 FinishReason = Literal["stop", "length"]
 StopReason = Literal["final", "max_turns", "length", "parse_error"]
 
@@ -79,18 +81,30 @@ class Rollout:
 
     ``completion_ids`` holds everything after the prompt: sampled tokens (``completion_mask`` 1) and the
     tool messages and next ``<|start|>assistant`` headers the loop inserted (``completion_mask`` 0).
-    ``logprobs`` are the engine's for sampled tokens and 0.0 for inserted ones. Rendering ``messages`` with
-    ``render_conversation(..., for_training=True)`` gives exactly ``prompt_ids + completion_ids``.
+    ``logprobs`` are the engine's for sampled tokens and 0.0 for inserted ones.
+
+    ``messages``: the conversation after the prompt as harmony ``Message``s, in order: the assistant messages
+    parsed from each turn and the tool replies the loop inserted. When the model wrote canonical Harmony
+    (recipient before channel, text tokenised the usual way), ``render_conversation(prompt + messages,
+    for_training=True, drop_analysis=False)`` gives exactly ``prompt_ids + completion_ids``; train on the
+    ids, never on a re-rendering (GPT-OSS also writes ``<|channel|>commentary to=functions.X``, which
+    renders back in the other header order). ``stop_reason``: ``final`` (``<|return|>``), ``max_turns``
+    (a call in the last allowed turn), ``length`` (token budget or context full), ``parse_error`` (the
+    turn's last message is not readable Harmony). ``num_tool_errors`` counts calls whose reply is an error
+    (unknown tool, bad arguments, the tool raised, the sandboxed program failed). ``errors`` describes
+    each tool error and parse problem. ``timings``: ``generate_s`` (awaiting the engine), ``tool_s``
+    (awaiting tools, queueing included), ``total_s``, in seconds.
     """
 
     prompt_ids: list[int]
     completion_ids: list[int]
     completion_mask: list[int]
     logprobs: list[float]
-    messages: list  # the conversation after the prompt, as harmony ``Message``s (assistant + tool)
+    messages: list[Message]
     final_answer: str | None
     num_turns: int
     num_tool_calls: int
     num_tool_errors: int
     stop_reason: StopReason
     timings: dict[str, float] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
