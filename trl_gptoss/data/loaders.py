@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-
-from datasets import Dataset
+from typing import TYPE_CHECKING
 
 from trl_gptoss.data import formats
+
+if TYPE_CHECKING:  # `datasets` takes ~1 s to import: only the functions that build a Dataset import it
+    from datasets import Dataset
 
 SAMPLES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "samples")
 TASKS = ("retool", "gsm8k", "verifyif")
@@ -69,6 +71,8 @@ def load_task_dataset(
         return load_hub_task_dataset(task, split=split, limit=limit, hub_id=hub_id)
     if source != "sample":
         raise ValueError(f"source must be 'sample' or 'hub', got {source!r}.")
+    from datasets import Dataset
+
     rows = [_format_sample(task, r) for r in read_samples(task)]
     return Dataset.from_list(rows[:limit] if limit is not None else rows)
 
@@ -98,4 +102,6 @@ def convert_hub_rows(task: str, rows) -> Dataset:
         converted = [c for c in map(formats.ifeval_row, rows) if c is not None]
     if not converted:
         raise ValueError(f"No {task} rows could be converted; check the dataset's columns.")
+    from datasets import Dataset
+
     return Dataset.from_list(converted)
