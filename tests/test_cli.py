@@ -20,9 +20,10 @@ def test_installed_script_reports_stack_and_cpu_backend():
     assert report["sink_attention_backend"]["cpu"].startswith("chunked")
 
 
-def test_tokenizer_command(capsys):
-    assert main(["tokenizer", "--small"]) == 0
-    assert capsys.readouterr().out.startswith("512 tokens, cached at ")
+def test_tokenizer_command(capsys, tmp_path):
+    assert main(["tokenizer", "--save", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith("201088 tokens, cached at ")
+    assert (tmp_path / "tokenizer.json").is_file() and (tmp_path / "chat_template.jinja").is_file()
 
 
 def test_env_human_readable(capsys):

