@@ -10,14 +10,13 @@ case raises ``ValueError`` instead of silently falling back.
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
-from gptoss_kernels.chunked import sink_attention_chunked
+from gptoss_kernels.chunked import DEFAULT_Q_CHUNK, _check_tuning, _run_chunked
 from gptoss_kernels.fa4 import fa4_available, fa4_supports, sink_attention_fa4
 from gptoss_kernels.reference import sink_attention_ref
-from gptoss_kernels.validation import check_sink_attention_inputs
+from gptoss_kernels.validation import check_sink_attention_inputs, triton_unsupported
 
 logger = logging.getLogger("gptoss_kernels")
 
@@ -31,21 +30,7 @@ def _log_choice_once(backend, reason):
         logger.info("sink_attention backend: %s (%s)", backend, reason)
 
 
-def _triton_unsupported(q, k, cu_seqlens, interpreter_ok=False):
-    """None when the Triton kernel can run this case, else why not (CPU only under TRITON_INTERPRET=1)."""
-    if not q.is_cuda and not (interpreter_ok and os.environ.get("TRITON_INTERPRET") == "1"):
-        return "tensors are not on CUDA (on CPU, backend='triton' needs TRITON_INTERPRET=1 set before import)"
-    if cu_seqlens is None and q.shape[1] != k.shape[1]:
-        return f"batched Tq={q.shape[1]} < Tk={k.shape[1]} (decoding) is not a packed layout"
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        return f"the Triton kernel takes fp16/bf16/fp32, not {q.dtype}"
-    head_dim = q.shape[-1]
-    if head_dim < 16 or head_dim > 128 or head_dim & (head_dim - 1):
-        return f"the Triton kernel takes power-of-two head_dim in [16, 128], not {head_dim}"
-    return None
-
-
-def select_backend(q, k, cu_seqlens, window, backend="auto"):
+def select_backend(q, k, cu_seqlens, window, backend="auto", key_mask=None):
     """Return ``(backend, reason)`` for these inputs; ``ValueError`` for unknown or impossible choices."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -53,17 +38,19 @@ def select_backend(q, k, cu_seqlens, window, backend="auto"):
         return backend, "requested"
     if backend == "fa4":
         why_not = "flash-attn-4 is not importable on an SM90+ GPU" if not fa4_available() else fa4_supports(q, window)
+        why_not = why_not or ("a key_mask (padding holes) is taken by the chunked path" if key_mask is not None
+                              else None)
         if why_not:
             raise ValueError(f"backend='fa4' cannot run this case: {why_not}; use backend='auto'")
         return backend, "requested"
     if backend == "triton":
-        why_not = _triton_unsupported(q, k, cu_seqlens, interpreter_ok=True)
+        why_not = triton_unsupported(q, k, cu_seqlens, key_mask, interpreter_ok=True)
         if why_not:
             raise ValueError(f"backend='triton' cannot run this case: {why_not}; use backend='auto'")
         return backend, "requested"
-    if q.is_cuda and fa4_available() and fa4_supports(q, window) is None:
+    if key_mask is None and q.is_cuda and fa4_available() and fa4_supports(q, window) is None:
         return "fa4", "auto: flash-attn-4 learnable_sink on SM90+"
-    why_not_triton = _triton_unsupported(q, k, cu_seqlens)
+    why_not_triton = triton_unsupported(q, k, cu_seqlens, key_mask)
     if why_not_triton is None:
         return "triton", "auto: CUDA tensors"
     return "chunked", f"auto: {why_not_triton}"
@@ -77,23 +64,22 @@ def _to_packed(q, k, v):
     return (*flat, cu_seqlens, seqlen)
 
 
-def _run_triton(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale):
+def _run_triton(q, k, v, sinks, cu_seqlens, info, max_seqlen, window, scale):
+    """Validated inputs -> the Triton autograd function (no second validation, no device->host copy)."""
     try:
-        from gptoss_kernels.triton import sink_attention_triton
+        from gptoss_kernels.triton.function import run_sink_attention_triton
     except ImportError as err:
         raise ValueError(f"backend 'triton' is not available ({err}); install triton or use backend='chunked'") from err
-    if cu_seqlens is not None:
-        if max_seqlen is None:
-            max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if cu_seqlens.numel() > 1 else 0
-        return sink_attention_triton(q, k, v, sinks, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
-                                     window=window, scale=scale)
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    if info is not None:
+        return run_sink_attention_triton(q, k, v, sinks, cu_seqlens, max_seqlen or info.longest, window, scale)
     qp, kp, vp, cu, seqlen = _to_packed(q, k, v)
-    out = sink_attention_triton(qp, kp, vp, sinks, cu_seqlens=cu, max_seqlen=seqlen, window=window, scale=scale)
+    out = run_sink_attention_triton(qp, kp, vp, sinks, cu, seqlen, window, scale)
     return out.view(q.shape)
 
 
 def sink_attention(q, k, v, sinks, *, cu_seqlens=None, max_seqlen=None, window=None, scale=None,
-                   backend="auto"):
+                   key_mask=None, backend="auto"):
     """Causal attention whose softmax denominator also holds a learnable per-head sink.
 
     For query row i of head h over its allowed keys j (causal; with ``window=W`` only the last W tokens
@@ -109,18 +95,26 @@ def sink_attention(q, k, v, sinks, *, cu_seqlens=None, max_seqlen=None, window=N
         cu_seqlens: int32 ``[n_seqs + 1]`` document boundaries of the packed layout.
         max_seqlen: longest document (optional; computed when a kernel needs it).
         window: int >= 1 or None. scale: defaults to ``D ** -0.5``.
+        key_mask: batched layout only; bool ``[B, Tk]``, False = padding key (any pattern, holes too). Every
+            query row attends to its valid keys (a row that sees none returns 0). Taken by the chunked path.
         backend: ``"auto" | "fa4" | "triton" | "chunked" | "reference"``.
     Returns:
         ``o`` shaped and typed like ``q``; differentiable in q, k, v and sinks.
     """
-    check_sink_attention_inputs(q, k, v, sinks, cu_seqlens=cu_seqlens, window=window)
-    chosen, reason = select_backend(q, k, cu_seqlens, window, backend)
+    info = check_sink_attention_inputs(q, k, v, sinks, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                                       window=window, key_mask=key_mask)
+    chosen, reason = select_backend(q, k, cu_seqlens, window, backend, key_mask)
     _log_choice_once(chosen, reason)
-    kwargs = dict(cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, window=window, scale=scale)
     if chosen == "reference":
-        return sink_attention_ref(q, k, v, sinks, **kwargs)
+        return sink_attention_ref(q, k, v, sinks, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, window=window,
+                                  scale=scale, key_mask=key_mask)
     if chosen == "chunked":
-        return sink_attention_chunked(q, k, v, sinks, **kwargs)
+        scale = _check_tuning(DEFAULT_Q_CHUNK, None, scale, q.shape[-1])
+        layout = ("packed", info.bounds) if info is not None else ("batched", q.shape[1], k.shape[1])
+        return _run_chunked(q, k, v, sinks, layout, cu_seqlens, window, scale, key_mask, DEFAULT_Q_CHUNK, None,
+                            False)
     if chosen == "fa4":
-        return sink_attention_fa4(q, k, v, sinks, **kwargs)
-    return _run_triton(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale)
+        longest = None if info is None else max_seqlen or info.longest
+        return sink_attention_fa4(q, k, v, sinks, cu_seqlens=cu_seqlens, max_seqlen=longest, window=window,
+                                  scale=scale)
+    return _run_triton(q, k, v, sinks, cu_seqlens, info, max_seqlen, window, scale)

@@ -22,9 +22,12 @@ their shared key/value head, so K and V are never repeated. Peak extra memory is
 
 from __future__ import annotations
 
+import bisect
+import functools
+
 import torch
 
-from gptoss_kernels.validation import check_sink_attention_inputs
+from gptoss_kernels.validation import _check_sinks, _check_tensors, check_sink_attention_inputs
 
 # Score-tile budget in elements (Hq * q rows * keys). Measured on a 2-core CPU at GPT-OSS shape (64 heads):
 # 64 query rows x 512 keys (2**21 fp32 = 8 MiB per tile) runs fwd+bwd ~1.5x faster than 256 x 512 (32 MiB),
@@ -40,12 +43,12 @@ def _compute_dtype(dtype):
 
 
 def key_intervals(q_shape, k_shape, cu_seqlens, window, device):
-    """Per flattened query row, the inclusive key interval ``[lo, hi]`` it may attend to.
+    """Per flattened query row, the inclusive key interval ``[lo, hi]`` it may attend to (device tensors).
 
     Packed (``cu_seqlens``): row i of a document starting at ``s`` has ``hi = i``, ``lo = s``.
     Batched ``[B, Tq, ...]`` / ``[B, Tk, ...]``: queries are the last Tq positions of their row, so
     ``hi = b * Tk + Tk - Tq + i``, ``lo = b * Tk``. A window W then raises ``lo`` to ``hi - W + 1``.
-    Returns two int64 tensors of shape ``[Nq]``.
+    Returns two int64 tensors of shape ``[Nq]``; no device->host copy.
     """
     if cu_seqlens is not None:
         bounds = cu_seqlens.to(device=device, dtype=torch.int64)
@@ -62,22 +65,58 @@ def key_intervals(q_shape, k_shape, cu_seqlens, window, device):
     return lo, hi
 
 
-def _tile_mask(lo_c, hi_c, k0, k1):
-    """Bool ``[C, k1 - k0]``: True where key ``k0 + c`` lies in row r's interval; None if all rows see all."""
-    if int(lo_c[-1]) <= k0 and int(hi_c[0]) >= k1 - 1:
-        return None
+def _host_row_bounds(layout, window, r0, r1):
+    """The same intervals as ``key_intervals`` for rows ``[r0, r1)``, computed on the host from ``layout``:
+    ``("packed", bounds)``, ``("batched", tq, tk)`` or ``("rows", lo_list, hi_list)``."""
+    if layout[0] == "rows":
+        return list(layout[1][r0:r1]), list(layout[2][r0:r1])
+    if layout[0] == "packed":
+        bounds = layout[1]
+        his = list(range(r0, r1))
+        los = [bounds[bisect.bisect_right(bounds, r) - 1] for r in his]
+    else:
+        tq, tk = layout[1], layout[2]
+        his = [(r // tq) * tk + tk - tq + r % tq for r in range(r0, r1)]
+        los = [(r // tq) * tk for r in range(r0, r1)]
+    if window is not None:
+        los = [max(lo, hi - window + 1) for lo, hi in zip(los, his)]
+    return los, his
+
+
+@functools.lru_cache(maxsize=256)
+def tile_plan(layout, n_rows, window, q_chunk, key_chunk, always_mask):
+    """Host plan of the chunked loops: per query chunk ``(r0, r1, ((k0, k1, masked), ...))``.
+
+    Computed from host numbers only (``layout`` is hashable, see ``_host_row_bounds``) and cached, so a layer
+    called with an already validated layout reads nothing back from the device. Both interval bounds are
+    non-decreasing in the row, so the chunk's key band is ``[lo_first, hi_last]``; a tile is skipped when no
+    row sees it and runs without a mask when every row sees all of it (and no key-validity mask is given).
+    """
+    plan = []
+    for r0 in range(0, n_rows, q_chunk):
+        r1 = min(r0 + q_chunk, n_rows)
+        los, his = _host_row_bounds(layout, window, r0, r1)
+        rows = [(lo, hi) for lo, hi in zip(los, his) if lo <= hi]
+        tiles = []
+        if rows:
+            has_empty = len(rows) < len(los)
+            row_his = [hi for _, hi in rows]
+            for k0 in range(rows[0][0], rows[-1][1] + 1, key_chunk):
+                k1 = min(k0 + key_chunk, rows[-1][1] + 1)
+                first = bisect.bisect_left(row_his, k0)  # first row reaching the tile
+                if first == len(rows) or rows[first][0] >= k1:
+                    continue
+                masked = always_mask or has_empty or not (rows[-1][0] <= k0 and rows[0][1] >= k1 - 1)
+                tiles.append((k0, k1, masked))
+        plan.append((r0, r1, tuple(tiles)))
+    return tuple(plan)
+
+
+def _tile_mask(lo_c, hi_c, k0, k1, key_valid):
+    """Bool ``[C, k1 - k0]``: True where key ``k0 + c`` lies in row r's interval and is a valid key."""
     keys = torch.arange(k0, k1, device=lo_c.device)
-    return (keys[None, :] >= lo_c[:, None]) & (keys[None, :] <= hi_c[:, None])
-
-
-def _key_tiles(lo_c, hi_c, key_chunk):
-    """Key tiles ``(k0, k1, mask)`` covering the band of one query chunk, skipping fully masked tiles."""
-    band_lo, band_hi = int(lo_c[0]), int(hi_c[-1])
-    for k0 in range(band_lo, band_hi + 1, key_chunk):
-        k1 = min(k0 + key_chunk, band_hi + 1)
-        if not bool(((hi_c >= k0) & (lo_c < k1)).any()):
-            continue
-        yield k0, k1, _tile_mask(lo_c, hi_c, k0, k1)
+    mask = (keys[None, :] >= lo_c[:, None]) & (keys[None, :] <= hi_c[:, None])
+    return mask if key_valid is None else mask & key_valid[None, k0:k1]
 
 
 def _scores(q_c, k_h, k0, k1, mask, shape):
@@ -100,7 +139,7 @@ def _chunk_rows(t, r0, r1, hkv, dtype, scale=1.0):
     return chunk * scale if scale != 1.0 else chunk
 
 
-def _forward_chunk(q_c, k_h, v_h, sinks_g, lo_c, hi_c, key_chunk):
+def _forward_chunk(q_c, k_h, v_h, sinks_g, lo_c, hi_c, tiles, key_valid):
     """Online softmax for one query chunk. Returns ``acc / l`` ``[Hkv, G, C, D]`` and lse ``[Hkv, G, C]``."""
     hkv, group = sinks_g.shape
     rows, dim = lo_c.shape[0], q_c.shape[-1]
@@ -109,7 +148,8 @@ def _forward_chunk(q_c, k_h, v_h, sinks_g, lo_c, hi_c, key_chunk):
     m = sinks_g[:, :, None].expand(shape).clone()
     l_sum = (m > float("-inf")).to(q_c.dtype)
     acc = q_c.new_zeros(hkv, group * rows, dim)
-    for k0, k1, mask in _key_tiles(lo_c, hi_c, key_chunk):
+    for k0, k1, masked in tiles:
+        mask = _tile_mask(lo_c, hi_c, k0, k1, key_valid) if masked else None
         scores = _scores(q_c, k_h, k0, k1, mask, shape)
         m_new = torch.maximum(m, scores.amax(dim=-1))
         # A row that has seen neither a finite sink nor a key keeps m = -inf; shift by 0 to avoid inf - inf.
@@ -120,16 +160,18 @@ def _forward_chunk(q_c, k_h, v_h, sinks_g, lo_c, hi_c, key_chunk):
         acc.view(*shape, dim).mul_(alpha[..., None])
         acc.baddbmm_(probs.view(hkv, group * rows, k1 - k0), v_h[:, k0:k1])
         m = m_new
-    out = acc.view(*shape, dim) / l_sum[..., None]
+    # l = 0 only for a row that saw no key under a -inf sink: its output is 0 and its lse -inf.
+    out = acc.view(*shape, dim) / l_sum.masked_fill(l_sum == 0, 1.0)[..., None]
     return out, m + torch.log(l_sum)
 
 
-def _backward_chunk(q_c, do_c, k_h, v_h, lse_c, delta_c, lo_c, hi_c, key_chunk, dk_h, dv_h):
+def _backward_chunk(q_c, do_c, k_h, v_h, lse_c, delta_c, lo_c, hi_c, tiles, key_valid, dk_h, dv_h):
     """Recompute P per tile; returns dq for the chunk ``[Hkv, G*C, D]`` and accumulates into dk_h, dv_h."""
     hkv, group, rows = lse_c.shape
     shape = (hkv, group, rows)
     dq_c = torch.zeros_like(q_c)
-    for k0, k1, mask in _key_tiles(lo_c, hi_c, key_chunk):
+    for k0, k1, masked in tiles:
+        mask = _tile_mask(lo_c, hi_c, k0, k1, key_valid) if masked else None
         probs = _scores(q_c, k_h, k0, k1, mask, shape).sub_(lse_c[..., None]).exp_()
         probs_2d = probs.view(hkv, group * rows, k1 - k0)
         dv_h[:, k0:k1].baddbmm_(probs_2d.transpose(1, 2), do_c)
@@ -146,10 +188,6 @@ def _new_output(*shape, dtype, device):
     return torch.empty(*shape, dtype=dtype, device=device)
 
 
-def _row_chunks(n, q_chunk):
-    return [(r0, min(r0 + q_chunk, n)) for r0 in range(0, n, q_chunk)]
-
-
 def _key_chunk_for(hq, q_chunk, key_chunk):
     if key_chunk is not None:
         return key_chunk
@@ -157,10 +195,11 @@ def _key_chunk_for(hq, q_chunk, key_chunk):
 
 
 class ChunkedSinkAttention(torch.autograd.Function):
-    """Flattened layout: q ``[Nq, Hq, D]``, k/v ``[Nk, Hkv, D]``, sinks ``[Hq]``, lo/hi int64 ``[Nq]``."""
+    """Flattened layout: q ``[Nq, Hq, D]``, k/v ``[Nk, Hkv, D]``, sinks ``[Hq]``, lo/hi int64 ``[Nq]``,
+    ``key_valid`` bool ``[Nk]`` or None, ``plan`` from ``tile_plan``."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sinks, lo, hi, scale, q_chunk, key_chunk):
+    def forward(ctx, q, k, v, sinks, lo, hi, key_valid, plan, scale):
         nq, hq, dim = q.shape
         hkv = k.shape[1]
         dtype = _compute_dtype(q.dtype)
@@ -169,35 +208,37 @@ class ChunkedSinkAttention(torch.autograd.Function):
         sinks_g = sinks.detach().to(dtype).view(hkv, hq // hkv)
         out = _new_output(nq, hkv, hq // hkv, dim, dtype=dtype, device=q.device)
         lse = _new_output(nq, hkv, hq // hkv, dtype=dtype, device=q.device)
-        for r0, r1 in _row_chunks(nq, q_chunk):
+        for r0, r1, tiles in plan:
             q_c = _chunk_rows(q, r0, r1, hkv, dtype, scale)
-            o_c, lse_c = _forward_chunk(q_c, kh, vh, sinks_g, lo[r0:r1], hi[r0:r1], key_chunk)
+            o_c, lse_c = _forward_chunk(q_c, kh, vh, sinks_g, lo[r0:r1], hi[r0:r1], tiles, key_valid)
             out[r0:r1] = o_c.permute(2, 0, 1, 3)
             lse[r0:r1] = lse_c.permute(2, 0, 1)
         out, lse = out.view(nq, hq, dim), lse.view(nq, hq)
-        ctx.save_for_backward(q, k, v, sinks, lo, hi, out, lse)
-        ctx.scale, ctx.q_chunk, ctx.key_chunk = scale, q_chunk, key_chunk
+        ctx.save_for_backward(q, k, v, sinks, lo, hi, key_valid, out, lse)
+        ctx.scale, ctx.plan = scale, plan
         ctx.mark_non_differentiable(lse)
         return out.to(q.dtype), lse
 
     @staticmethod
     def backward(ctx, grad_out, _grad_lse):
-        q, k, v, sinks, lo, hi, out, lse = ctx.saved_tensors
+        q, k, v, sinks, lo, hi, key_valid, out, lse = ctx.saved_tensors
         nq, hq, dim = q.shape
         hkv, group = k.shape[1], hq // k.shape[1]
         dtype = out.dtype
         kh = k.to(dtype).permute(1, 0, 2).contiguous()
         vh = v.to(dtype).permute(1, 0, 2).contiguous()
+        # Rows that saw nothing (lse = -inf) have P = 0 everywhere: recompute them against lse = 0 (no NaN).
+        lse = lse.masked_fill(lse == float("-inf"), 0.0)
         lse_h = lse.t().reshape(hkv, group, nq)
         delta = torch.bmm(grad_out.to(dtype).reshape(-1, 1, dim), out.reshape(-1, dim, 1))  # D_i = dO_i . O_i
         delta_h = delta.view(nq, hq).t().reshape(hkv, group, nq)
         dq = _new_output(nq, hkv, group, dim, dtype=dtype, device=q.device)
         dk_h, dv_h = torch.zeros_like(kh), torch.zeros_like(vh)
-        for r0, r1 in _row_chunks(nq, ctx.q_chunk):
+        for r0, r1, tiles in ctx.plan:
             q_c = _chunk_rows(q, r0, r1, hkv, dtype, ctx.scale)
             do_c = _chunk_rows(grad_out, r0, r1, hkv, dtype)
-            dq_c = _backward_chunk(q_c, do_c, kh, vh, lse_h[:, :, r0:r1],
-                                   delta_h[:, :, r0:r1], lo[r0:r1], hi[r0:r1], ctx.key_chunk, dk_h, dv_h)
+            dq_c = _backward_chunk(q_c, do_c, kh, vh, lse_h[:, :, r0:r1], delta_h[:, :, r0:r1], lo[r0:r1],
+                                   hi[r0:r1], tiles, key_valid, dk_h, dv_h)
             dq[r0:r1] = dq_c.view(hkv, group, r1 - r0, dim).permute(2, 0, 1, 3)
         dq = dq.view(nq, hq, dim).mul_(ctx.scale).to(q.dtype)
         dk = dk_h.permute(1, 0, 2).to(k.dtype)
@@ -209,28 +250,75 @@ class ChunkedSinkAttention(torch.autograd.Function):
         return dq, dk, dv, dsinks, None, None, None, None, None
 
 
+def _check_tuning(q_chunk, key_chunk, scale, head_dim):
+    for name, value in (("q_chunk", q_chunk), ("key_chunk", key_chunk)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    scale = head_dim ** -0.5 if scale is None else scale
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not scale > 0:
+        raise ValueError(f"scale must be a positive number (default head_dim ** -0.5), got {scale!r}")
+    return float(scale)
+
+
 def sink_attention_chunked(q, k, v, sinks, *, cu_seqlens=None, max_seqlen=None, window=None, scale=None,
-                           return_lse=False, q_chunk=DEFAULT_Q_CHUNK, key_chunk=None):
+                           key_mask=None, return_lse=False, q_chunk=DEFAULT_Q_CHUNK, key_chunk=None):
     """Chunked sink attention (see the module docstring for the math); differentiable in q, k, v, sinks.
 
     Layouts as ``sink_attention_ref``: batched ``q: [B, Tq, Hq, D]``, ``k, v: [B, Tk, Hkv, D]`` with
     ``Tk >= Tq`` (queries are the last Tq positions), or packed ``[total, H, D]`` with int32 ``cu_seqlens``.
-    ``q_chunk`` query rows are processed at a time against key tiles of ``key_chunk`` keys (default: as
-    many as fit ``DEFAULT_TILE_ELEMENTS`` for all heads). ``max_seqlen`` is accepted for API parity and
-    unused. Returns ``o`` like ``q`` (and with ``return_lse`` the sink-inclusive lse ``[B, Tq, Hq]`` or
-    ``[total, Hq]`` in float32, float64 for float64 inputs).
+    ``key_mask`` (batched only): bool ``[B, Tk]``, False = padding key, any pattern; a query row that sees
+    no key returns 0. ``q_chunk`` query rows are processed at a time against key tiles of ``key_chunk`` keys
+    (default: as many as fit ``DEFAULT_TILE_ELEMENTS`` for all heads). ``max_seqlen`` is only checked.
+    Returns ``o`` like ``q`` (and with ``return_lse`` the sink-inclusive lse ``[B, Tq, Hq]`` or
+    ``[total, Hq]`` in float32, float64 for float64 inputs; ``-inf`` for a row with no key and no sink).
     """
-    check_sink_attention_inputs(q, k, v, sinks, cu_seqlens=cu_seqlens, window=window)
-    for name, value in (("q_chunk", q_chunk), ("key_chunk", key_chunk)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not scale > 0:
-        raise ValueError(f"scale must be a positive number (default head_dim ** -0.5), got {scale!r}")
-    lo, hi = key_intervals(q.shape, k.shape, cu_seqlens, window, q.device)
+    info = check_sink_attention_inputs(q, k, v, sinks, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                                       window=window, key_mask=key_mask)
+    scale = _check_tuning(q_chunk, key_chunk, scale, q.shape[-1])
+    layout = ("packed", info.bounds) if info is not None else ("batched", q.shape[1], k.shape[1])
+    return _run_chunked(q, k, v, sinks, layout, cu_seqlens, window, scale, key_mask, q_chunk, key_chunk,
+                        return_lse)
+
+
+def _run_chunked(q, k, v, sinks, layout, cu_seqlens, window, scale, key_mask, q_chunk, key_chunk, return_lse):
+    """Validated inputs -> the autograd function on the flattened layout; no device->host copies."""
     hq, dim, hkv = q.shape[-2], q.shape[-1], k.shape[-2]
+    key_chunk = _key_chunk_for(hq, q_chunk, key_chunk)
+    if window is not None and window >= k.reshape(-1, hkv, dim).shape[0]:
+        window = None  # longer than every row: the same attention, and a plan shared with window=None
+    n_rows = q.reshape(-1, hq, dim).shape[0]
+    plan = tile_plan(layout, n_rows, window, q_chunk, key_chunk, key_mask is not None)
+    lo, hi = key_intervals(q.shape, k.shape, cu_seqlens, window, q.device)
+    key_valid = None if key_mask is None else key_mask.reshape(-1)
     out, lse = ChunkedSinkAttention.apply(
-        q.reshape(-1, hq, dim), k.reshape(-1, hkv, dim), v.reshape(-1, hkv, dim), sinks, lo, hi,
-        float(scale), q_chunk, _key_chunk_for(hq, q_chunk, key_chunk))
+        q.reshape(-1, hq, dim), k.reshape(-1, hkv, dim), v.reshape(-1, hkv, dim), sinks, lo, hi, key_valid,
+        plan, scale)
     out, lse = out.view(q.shape), lse.view(q.shape[:-1])
     return (out, lse) if return_lse else out
+
+
+def sink_attention_intervals(q, k, v, sinks, lo, hi, *, scale=None, q_chunk=DEFAULT_Q_CHUNK, key_chunk=None):
+    """Sink attention of arbitrary query rows over key intervals (what padded rows of a batch need).
+
+    ``q: [Nq, Hq, D]``, ``k, v: [Nk, Hkv, D]``; query row r attends to keys ``lo[r] .. hi[r]`` (inclusive,
+    empty when ``lo > hi``; a row seeing no key returns 0). ``lo``/``hi``: int sequences or int64 tensors,
+    each non-decreasing (the tile plan relies on it). Differentiable in q, k, v and sinks.
+    """
+    _check_tensors(q, k, v, 3, "[N, H, D]")
+    _check_sinks(sinks, q.shape[1], q.device)
+    lo_list = lo.tolist() if isinstance(lo, torch.Tensor) else list(lo)
+    hi_list = hi.tolist() if isinstance(hi, torch.Tensor) else list(hi)
+    if len(lo_list) != q.shape[0] or len(hi_list) != q.shape[0]:
+        raise ValueError(f"lo and hi need one entry per query row ({q.shape[0]}), got {len(lo_list)}, {len(hi_list)}")
+    for name, seq in (("lo", lo_list), ("hi", hi_list)):
+        if any(b < a for a, b in zip(seq[:-1], seq[1:])):
+            raise ValueError(f"{name} must be non-decreasing along the query rows")
+    if lo_list and (lo_list[0] < 0 or hi_list[-1] >= k.shape[0]):
+        raise ValueError(f"key intervals must lie in [0, {k.shape[0]}), got lo[0]={lo_list[0]}, hi[-1]={hi_list[-1]}")
+    scale = _check_tuning(q_chunk, key_chunk, scale, q.shape[-1])
+    key_chunk = _key_chunk_for(q.shape[1], q_chunk, key_chunk)
+    plan = tile_plan(("rows", tuple(lo_list), tuple(hi_list)), q.shape[0], None, q_chunk, key_chunk, False)
+    lo_t = torch.tensor(lo_list, dtype=torch.int64, device=q.device)
+    hi_t = torch.tensor(hi_list, dtype=torch.int64, device=q.device)
+    out, _ = ChunkedSinkAttention.apply(q, k, v, sinks, lo_t, hi_t, None, plan, scale)
+    return out

@@ -18,8 +18,9 @@ import torch
 from gptoss_kernels.validation import check_sink_attention_inputs
 
 
-def _attend_one(q, k, v, sinks, window, scale):
-    """One sequence. q: [Tq, Hq, D], k/v: [Tk, Hkv, D] (Tk >= Tq, queries are the last Tq positions)."""
+def _attend_one(q, k, v, sinks, window, scale, key_valid=None):
+    """One sequence. q: [Tq, Hq, D], k/v: [Tk, Hkv, D] (Tk >= Tq, queries are the last Tq positions);
+    ``key_valid``: optional bool [Tk], False = a padding key no query may see."""
     tq, hq, _ = q.shape
     tk, hkv, _ = k.shape
     group = hq // hkv
@@ -31,30 +32,41 @@ def _attend_one(q, k, v, sinks, window, scale):
     allowed = k_pos <= q_pos
     if window is not None:
         allowed &= k_pos > q_pos - window
+    if key_valid is not None:
+        allowed &= key_valid[None, :]
     scores = scores.masked_fill(~allowed, float("-inf"))
     sink_col = sinks.to(scores.dtype)[:, None, None].expand(hq, tq, 1)
-    lse = torch.logsumexp(torch.cat([scores, sink_col], dim=-1), dim=-1)  # [Hq, Tq]
-    probs = torch.exp(scores - lse[..., None])
+    combined = torch.cat([scores, sink_col], dim=-1)
+    # A row with no key and a -inf sink sees nothing: its lse is -inf and its output 0. Its logsumexp is taken
+    # over zeros and then replaced, so neither the value nor the gradient meets -inf - -inf = NaN.
+    empty = (combined == float("-inf")).all(dim=-1)
+    lse_safe = torch.logsumexp(combined.masked_fill(empty[..., None], 0.0), dim=-1)  # [Hq, Tq]
+    lse = lse_safe.masked_fill(empty, float("-inf"))
+    probs = torch.exp(scores - lse_safe.masked_fill(empty, 0.0)[..., None])
     out = torch.einsum("hqk,khd->qhd", probs, v)
     return out, lse.transpose(0, 1)  # [Tq, Hq, D], [Tq, Hq]
 
 
 def sink_attention_ref(q, k, v, sinks, *, cu_seqlens=None, max_seqlen=None, window=None, scale=None,
-                       return_lse=False):
+                       key_mask=None, return_lse=False):
     """Reference sink attention.
 
     Layouts: batched ``q: [B, Tq, Hq, D]``, ``k, v: [B, Tk, Hkv, D]`` with ``Tk >= Tq`` (queries are the
     last ``Tq`` positions, as in decoding with a KV cache); or packed ``q, k, v: [total, H, D]`` with
     ``cu_seqlens: int32 [n_seqs + 1]`` (documents never attend to each other). ``sinks: [Hq]``.
+    ``key_mask``: batched only, bool ``[B, Tk]``, False = a padding key (any pattern, holes included);
+    a query row that sees no key returns 0.
     Returns ``o`` shaped like ``q`` (in q's dtype), and with ``return_lse`` also ``lse`` in float32/64:
     ``[B, Tq, Hq]`` or ``[total, Hq]``; lse includes the sink.
     """
-    check_sink_attention_inputs(q, k, v, sinks, cu_seqlens=cu_seqlens, window=window)
+    check_sink_attention_inputs(q, k, v, sinks, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, window=window,
+                                key_mask=key_mask)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     qc, kc, vc, sc = (t.to(compute) for t in (q, k, v, sinks))
     if cu_seqlens is None:
-        pieces = [_attend_one(qc[b], kc[b], vc[b], sc, window, scale) for b in range(q.shape[0])]
+        pieces = [_attend_one(qc[b], kc[b], vc[b], sc, window, scale, None if key_mask is None else key_mask[b])
+                  for b in range(q.shape[0])]
         out = torch.stack([p[0] for p in pieces]) if pieces else qc.new_empty(q.shape)
         lse = torch.stack([p[1] for p in pieces]) if pieces else qc.new_empty(q.shape[:-1])
     else:

@@ -43,18 +43,23 @@ def _padding_mask(side):
     mask = torch.ones(2, SEQ, dtype=torch.long)
     if side == "right":
         mask[1, SEQ - 23:] = 0
-    else:
+    elif side == "left":
         mask[1, :23] = 0
+    else:  # holes: generate() extends a right-padded mask with ones; users build masks of their own
+        mask[0, 10:14] = 0
+        mask[1, 3::7] = 0
     return mask
 
 
-@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("side", ["right", "left", "holes"])
 def test_padded_batch_logits_and_all_grads_match_eager(side):
+    """Every position, padding included (eager's padding queries attend to the valid keys they see; last-token
+    pooling reads them), and every gradient through all of them."""
     eager, fa3 = _pair()
     ids = torch.randint(0, 512, (2, SEQ))
     mask = _padding_mask(side)
     weights = torch.randn(2, SEQ, 512)
-    keep = mask.bool()
+    keep = torch.ones(2, SEQ, dtype=torch.bool)
     results = []
     for model in (eager, fa3):
         logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits

@@ -8,6 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 
+import gptoss_kernels
 from gptoss_kernels import chunked, sink_attention_chunked, sink_attention_ref
 
 F64 = torch.float64
@@ -27,6 +28,7 @@ class Case:
     q_chunk: int = 16
     key_chunk: int | None = 24
     dim: int = 32
+    holes: str = ""  # batched key-validity mask: "" none, else a pattern name of _key_mask
 
 
 CASES = {
@@ -42,9 +44,26 @@ CASES = {
     "no-sink-b2-t45-full": Case(batch=2, tq=45, tk=45, sink=float("-inf")),
     "default-chunks-b1-t300-w100": Case(tq=300, tk=300, window=100, q_chunk=chunked.DEFAULT_Q_CHUNK,
                                         key_chunk=None),
+    "holes-b3-t70-h4kv2-full": Case(batch=3, tq=70, tk=70, holes="mixed"),
+    "holes-b3-t70-h8kv2-w11": Case(batch=3, tq=70, tk=70, hq=8, window=11, holes="mixed"),
+    "holes-decode-b3-tq6-tk50-w9": Case(batch=3, tq=6, tk=50, window=9, holes="mixed"),
+    "holes-no-sink-b3-t40-w5": Case(batch=3, tq=40, tk=40, window=5, sink=float("-inf"), holes="mixed"),
 }
 LOWP_CASES = ["b2-t113-h4kv2-full", "b1-t203-h8kv1-w1", "varlen-1,0,37,64,5-h4kv2-w9",
-              "decode-b2-tq5-tk40-h4kv2-w7"]
+              "decode-b2-tq5-tk40-h4kv2-w7", "holes-b3-t70-h8kv2-w11"]
+
+
+def _key_mask(case):
+    """Row 0: holes every 3rd key and a padded tail; row 1: left padding; row 2: no valid key at all (its
+    queries see only the sink, or nothing under a -inf sink)."""
+    if not case.holes:
+        return None
+    mask = torch.ones(case.batch, case.tk, dtype=torch.bool)
+    mask[0, ::3] = False
+    mask[0, -5:] = False
+    mask[1, : case.tk // 2] = False
+    mask[2] = False
+    return mask
 
 
 @pytest.fixture(autouse=True)
@@ -74,6 +93,10 @@ def _make_inputs(case):
     return (q, k, v, sinks), cu_seqlens, torch.randn(q_shape, dtype=F64)
 
 
+def _kwargs(case, cu_seqlens):
+    return dict(cu_seqlens=cu_seqlens, window=case.window, key_mask=_key_mask(case))
+
+
 def _run(fn, leaves, grad_out, dtype, **kwargs):
     """Output and gradients of fn on leaves cast to dtype (sinks stay float32/float64, as model params)."""
     sink_dtype = F64 if dtype == F64 else torch.float32
@@ -83,7 +106,7 @@ def _run(fn, leaves, grad_out, dtype, **kwargs):
     return [out.to(F64), *(g.to(F64) for g in grads)]
 
 
-def _eager_lowp(q, k, v, sinks, cu_seqlens=None, window=None):
+def _eager_lowp(q, k, v, sinks, cu_seqlens=None, window=None, key_mask=None):
     """The same math in the input dtype: transformers' GPT-OSS eager, per document when packed."""
     if cu_seqlens is not None:
         bounds = cu_seqlens.tolist()
@@ -93,11 +116,12 @@ def _eager_lowp(q, k, v, sinks, cu_seqlens=None, window=None):
     tq, tk = q.shape[1], k.shape[1]
     q_pos, k_pos = torch.arange(tk - tq, tk)[:, None], torch.arange(tk)[None, :]
     allowed = (k_pos <= q_pos) & (k_pos > q_pos - window if window else True)
-    mask = torch.zeros(tq, tk, dtype=q.dtype).masked_fill(~allowed, float("-inf"))
+    allowed = allowed[None] if key_mask is None else allowed[None] & key_mask[:, None, :]
+    mask = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill(~allowed, torch.finfo(q.dtype).min)
     module = type("M", (), dict(sinks=sinks.to(q.dtype), num_key_value_groups=q.shape[2] // k.shape[2],
                                 training=False))
     out, _ = eager_attention_forward(module, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                     mask[None, None], scaling=q.shape[-1] ** -0.5)
+                                     mask[:, None], scaling=q.shape[-1] ** -0.5)
     return out
 
 
@@ -110,7 +134,7 @@ def _report(name, got, ref):
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_chunked_fp32_matches_float64_reference(case):
     leaves, cu_seqlens, grad_out = _make_inputs(case)
-    kwargs = dict(cu_seqlens=cu_seqlens, window=case.window)
+    kwargs = _kwargs(case, cu_seqlens)
     ref = _run(sink_attention_ref, leaves, grad_out, F64, **kwargs)
     got = _run(sink_attention_chunked, leaves, grad_out, torch.float32, q_chunk=case.q_chunk,
                key_chunk=case.key_chunk, **kwargs)
@@ -123,7 +147,7 @@ def test_chunked_fp32_matches_float64_reference(case):
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_chunked_float64_is_exact(case):
     leaves, cu_seqlens, grad_out = _make_inputs(case)
-    kwargs = dict(cu_seqlens=cu_seqlens, window=case.window)
+    kwargs = _kwargs(case, cu_seqlens)
     ref = _run(sink_attention_ref, leaves, grad_out, F64, **kwargs)
     got = _run(sink_attention_chunked, leaves, grad_out, F64, q_chunk=case.q_chunk, key_chunk=case.key_chunk,
                **kwargs)
@@ -138,7 +162,7 @@ def test_chunked_low_precision_within_twice_torch_error(case_id, dtype):
     case = CASES[case_id]
     leaves, cu_seqlens, grad_out = _make_inputs(case)
     leaves = [t.to(dtype).to(F64) for t in leaves]  # the low-precision inputs are the ground truth's inputs
-    kwargs = dict(cu_seqlens=cu_seqlens, window=case.window)
+    kwargs = _kwargs(case, cu_seqlens)
     ref = _run(sink_attention_ref, leaves, grad_out, F64, **kwargs)
     torch_lowp = _run(_eager_lowp, leaves, grad_out, dtype, **kwargs)
     got = _run(sink_attention_chunked, leaves, grad_out, dtype, q_chunk=case.q_chunk,
@@ -205,4 +229,42 @@ def test_no_tensor_grows_with_t_squared():
         out = sink_attention_chunked(*leaves, q_chunk=q_chunk, key_chunk=key_chunk)
         out.sum().backward()
     bound = max(seqlen * hq * dim, hq * q_chunk * key_chunk)
+    assert largest.numel <= bound < hq * seqlen * seqlen // 16, f"largest tensor {largest.numel} > {bound}"
+
+
+def test_intervals_entry_equals_reference_rows():
+    """Arbitrary query rows over key intervals (the padding rows of a right-padded batch), empty ones too."""
+    q, k, v = torch.randn(5, 4, 16, dtype=F64), torch.randn(12, 2, 16, dtype=F64), torch.randn(12, 2, 16, dtype=F64)
+    sinks = torch.randn(4, dtype=F64)
+    lo, hi = [0, 2, 2, 9, 11], [3, 3, 7, 8, 11]  # row 3 is empty (lo > hi)
+    leaves = [t.requires_grad_() for t in (q, k, v, sinks)]
+    got = gptoss_kernels.sink_attention_intervals(*leaves, lo, hi, q_chunk=2, key_chunk=3)
+    want = []
+    for r in range(5):
+        keys = torch.arange(12)
+        mask = ((keys >= lo[r]) & (keys <= hi[r]))[None]
+        want.append(sink_attention_ref(leaves[0][r][None, None], leaves[1][None], leaves[2][None], leaves[3],
+                                       key_mask=mask.expand(1, 12) & torch.ones(1, 12, dtype=torch.bool))[0, 0])
+    want = torch.stack(want)
+    # the reference's queries sit at the last key position; every key is before it, so only lo/hi limit them
+    grad_out = torch.randn_like(want)
+    for name, g, w in zip(NAMES, (got, *torch.autograd.grad(got, leaves, grad_out)),
+                          (want, *torch.autograd.grad(want, leaves, grad_out))):
+        assert (g - w).abs().max().item() <= 1e-12, _report(name, g, w)
+    assert (got[3] == 0).all()
+    with pytest.raises(ValueError, match="non-decreasing"):
+        gptoss_kernels.sink_attention_intervals(q, k, v, sinks, [3, 2, 2, 9, 11], hi)
+
+
+def test_key_mask_path_stays_memory_bounded():
+    """A key-validity mask adds a [C, key_chunk] tile mask, never a [T, T] one."""
+    seqlen, hq, hkv, dim, q_chunk, key_chunk = 1024, 4, 2, 16, 64, 128
+    leaves = [torch.randn(2, seqlen, hq, dim), torch.randn(2, seqlen, hkv, dim), torch.randn(2, seqlen, hkv, dim),
+              torch.randn(hq)]
+    leaves = [t.requires_grad_() for t in leaves]
+    key_mask = torch.rand(2, seqlen) > 0.3
+    with _LargestTensor() as largest:
+        out = sink_attention_chunked(*leaves, key_mask=key_mask, q_chunk=q_chunk, key_chunk=key_chunk)
+        out.sum().backward()
+    bound = max(2 * seqlen * hq * dim, hq * q_chunk * key_chunk)
     assert largest.numel <= bound < hq * seqlen * seqlen // 16, f"largest tensor {largest.numel} > {bound}"

@@ -86,3 +86,39 @@ def test_owner_loop_at_sp1_matches_per_document_float64(inner):
     for name, param in model.named_parameters():
         torch.testing.assert_close(param.grad, ref_grads[name], atol=1e-12, rtol=0,
                                    msg=lambda m, n=name: f"{n}: {m}")
+
+
+class _Layer(torch.nn.Module):
+    """What the Ulysses wrapper reads from a GPT-OSS attention layer: config (inner name), sinks, GQA."""
+
+    def __init__(self, inner, sinks, groups):
+        super().__init__()
+        self.config = type("Config", (), {"_attn_implementation": f"ulysses_{inner}"})()
+        self.sinks, self.num_key_value_groups, self.is_causal = sinks, groups, True
+
+
+@pytest.mark.parametrize("window", [None, 2], ids=["full", "window2"])
+def test_eager_and_fa3_sink_sp_paths_agree_on_where_documents_start(window):
+    """position_ids ``[0, 1, 2, 5, 6, 0, 1]``: the gap opens a document (transformers' rule) in the SP eager
+    mask, the SP fa3_sink layout and the plain fa3_sink call alike; all equal per-document float64 runs."""
+    from trl_gptoss.attention import fa3_sink_attention_forward
+
+    positions = torch.tensor([[0, 1, 2, 5, 6, 0, 1]])
+    assert cu_seqlens(positions).tolist() == [0, 3, 5, 7]
+    hq, hkv, dim = 4, 2, 16
+    query, key, value = (torch.randn(1, h, 7, dim, dtype=torch.float64) for h in (hq, hkv, hkv))
+    sinks = torch.randn(hq, dtype=torch.float64)
+    outputs = {}
+    for inner in ("eager", "fa3_sink"):
+        with sharded_forward(SequenceParallelGroup.single()):
+            outputs[inner], _ = ulysses_attention_forward(_Layer(inner, sinks, hq // hkv), query, key, value, None,
+                                                          scaling=dim ** -0.5, sliding_window=window, s_aux=sinks,
+                                                          position_ids=positions)
+    outputs["plain"], _ = fa3_sink_attention_forward(_Layer("fa3_sink", sinks, hq // hkv), query, key, value, None,
+                                                     scaling=dim ** -0.5, sliding_window=window, s_aux=sinks,
+                                                     position_ids=positions)
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    expected = sink_attention_ref(q, k, v, sinks, cu_seqlens=torch.tensor([0, 3, 5, 7], dtype=torch.int32),
+                                  window=window)
+    for name, out in outputs.items():
+        torch.testing.assert_close(out[0], expected, atol=1e-12, rtol=0, msg=lambda m, n=name: f"{n}: {m}")

@@ -1,14 +1,27 @@
 """Sink attention for transformers: ``attn_implementation="fa3_sink"`` (registered by ``import trl_gptoss``)."""
 
 from trl_gptoss.attention.interface import FA3_SINK_NAME, fa3_sink_attention_forward, register_fa3_sink
-from trl_gptoss.attention.layout import PackedLayout, layout_from_cu_seqlens, packed_layout, valid_spans
+from trl_gptoss.attention.layout import (
+    PackedLayout,
+    SpanLayout,
+    allowed_keys,
+    document_ids,
+    document_starts,
+    layout_from_cu_seqlens,
+    packed_layout,
+    span_layout,
+)
 
 __all__ = [
     "FA3_SINK_NAME",
     "PackedLayout",
+    "SpanLayout",
+    "allowed_keys",
+    "document_ids",
+    "document_starts",
     "fa3_sink_attention_forward",
     "layout_from_cu_seqlens",
     "packed_layout",
     "register_fa3_sink",
-    "valid_spans",
+    "span_layout",
 ]

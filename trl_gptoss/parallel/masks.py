@@ -1,21 +1,23 @@
 """Attention structure of packed rows, derived from (global) ``position_ids``.
 
-A new document starts wherever the position does not advance by exactly one (``diff != 1``), the same rule
-transformers uses for packed sequences. Padding tokens carry position 0, so each forms a document of its own.
+Documents follow the one rule shared with ``fa3_sink`` (``trl_gptoss.attention.layout.document_starts``,
+transformers' ``find_packed_sequence_indices``): a new document starts wherever the position does not
+advance by exactly one. Padding tokens carry position 0, so each forms a document of its own.
 """
 
 from __future__ import annotations
 
 import torch
 
+from trl_gptoss.attention.layout import allowed_keys as _allowed_keys
+from trl_gptoss.attention.layout import document_ids as _document_ids
+
 
 def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
     """``position_ids: [B, T]`` -> ``[B, T]`` int64, equal within a document, increasing along the row."""
     if position_ids.ndim != 2:
         raise ValueError(f"position_ids must be [B, T], got shape {tuple(position_ids.shape)}")
-    starts = torch.ones_like(position_ids, dtype=torch.bool)
-    starts[:, 1:] = position_ids[:, 1:] - position_ids[:, :-1] != 1
-    return starts.long().cumsum(dim=-1)
+    return _document_ids(position_ids)
 
 
 def allowed_keys(position_ids: torch.Tensor, window: int | None) -> torch.Tensor:
@@ -23,13 +25,8 @@ def allowed_keys(position_ids: torch.Tensor, window: int | None) -> torch.Tensor
 
     ``window=W`` keeps the last W keys including the query itself (GPT-OSS / transformers semantics).
     """
-    docs = document_ids(position_ids)
-    idx = torch.arange(position_ids.shape[1], device=position_ids.device)
-    causal = idx[None, :] <= idx[:, None]
-    if window is not None:
-        causal = causal & (idx[:, None] - idx[None, :] < window)
-    same_doc = docs[:, :, None] == docs[:, None, :]
-    return (same_doc & causal)[:, None]
+    batch, seqlen = position_ids.shape
+    return _allowed_keys(batch, seqlen, seqlen, window, doc_ids=document_ids(position_ids))[:, None]
 
 
 def additive_mask(position_ids: torch.Tensor, window: int | None, dtype: torch.dtype) -> torch.Tensor:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.autograd.function import once_differentiable
 
-from gptoss_kernels.triton.launchers import check_triton_inputs, launch_config, sink_attention_bwd, sink_attention_fwd
+from gptoss_kernels.triton.launchers import INTERPRETED, launch_config, sink_attention_bwd, sink_attention_fwd
+from gptoss_kernels.validation import check_sink_attention_inputs, triton_unsupported
 
 
 class SinkAttentionTritonFunction(torch.autograd.Function):
@@ -55,10 +58,33 @@ def sink_attention_triton(q, k, v, sinks, *, cu_seqlens, max_seqlen, window=None
     Returns:
         ``o``: ``[total, Hq, D]`` in q's dtype. Differentiable in q, k, v and sinks.
     """
-    check_triton_inputs(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale)
+    _check_triton_call(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale)
     if block_sizes is not None:
         launch_config(q.device.type, q.shape[-1], backward=False, block_sizes=block_sizes)  # validates them
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    return run_sink_attention_triton(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_sizes)
+
+
+def _check_triton_call(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale):
+    """The public contract plus the capability rule shared with ``sink_attention``'s dispatch."""
+    if cu_seqlens is None:
+        raise ValueError("the Triton kernel takes the packed layout: pass cu_seqlens (int32 [n_seqs + 1]) "
+                         "and q/k/v shaped [total, H, D]")
+    if not isinstance(max_seqlen, int) or isinstance(max_seqlen, bool):
+        raise ValueError(f"max_seqlen must be an int >= the longest document, got {max_seqlen!r}")
+    check_sink_attention_inputs(q, k, v, sinks, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, window=window)
+    why_not = triton_unsupported(q, k, cu_seqlens, interpreter_ok=INTERPRETED)
+    if why_not:
+        raise ValueError(f"the Triton kernel cannot run this case: {why_not}")
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a positive finite float (default head_dim**-0.5), got {scale!r}")
+
+
+def run_sink_attention_triton(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_sizes=None):
+    """Already validated inputs (``sink_attention`` checks once at its entry) -> the autograd function.
+
+    Reads nothing back from the device: ``max_seqlen`` (int) sizes the grid, ``scale`` is a float.
+    """
     if window is not None and window >= max_seqlen:
         window = None  # every causal key is inside the window: take the mask-free full-causal kernels
     q, k, v, cu_seqlens = (t.contiguous() for t in (q, k, v, cu_seqlens))

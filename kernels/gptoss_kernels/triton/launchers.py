@@ -1,4 +1,5 @@
-"""Launchers: validate, allocate outputs, pick block sizes, launch the sink-attention kernels.
+"""Launchers: allocate outputs, pick block sizes, launch the sink-attention kernels (inputs are validated
+once, at the public entry: ``sink_attention`` or ``sink_attention_triton``).
 
 Layouts (packed varlen): ``q/o/dq: [total, Hq, D]``, ``k/v/dk/dv: [total, Hkv, D]``, ``lse: [total, Hq]``
 fp32, ``sinks: [Hq]``, ``cu_seqlens: int32 [n_seqs + 1]``. Each launcher returns plain tensors; autograd
@@ -7,7 +8,6 @@ lives in ``function.py``.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
@@ -17,7 +17,6 @@ from triton.runtime.interpreter import InterpretedFunction
 from gptoss_kernels.triton.backward import _sink_attention_bwd_dkdv_kernel, _sink_attention_bwd_dq_kernel
 from gptoss_kernels.triton.forward import _sink_attention_fwd_kernel
 from gptoss_kernels.triton.preprocess import _sink_attention_bwd_preprocess_kernel
-from gptoss_kernels.validation import check_sink_attention_inputs
 
 # Tests set this to True so that any output element a kernel fails to write stays NaN and fails loudly.
 FILL_OUTPUTS_WITH_NAN = False
@@ -38,30 +37,6 @@ def _new_output(shape, dtype, device):
 def _check_block(name, value):
     if not isinstance(value, int) or value < 16 or value & (value - 1):
         raise ValueError(f"{name} must be a power of two >= 16 (tl.dot needs 16-wide tiles), got {value!r}")
-
-
-def check_triton_inputs(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale):
-    """The shared contract checks plus what the Triton kernels add: dtype, head_dim, device, max_seqlen."""
-    if cu_seqlens is None:
-        raise ValueError("the Triton kernel takes the packed layout: pass cu_seqlens (int32 [n_seqs + 1]) "
-                         "and q/k/v shaped [total, H, D]")
-    check_sink_attention_inputs(q, k, v, sinks, cu_seqlens=cu_seqlens, window=window)
-    if q.dtype not in _KERNEL_DTYPES:
-        raise ValueError(f"the Triton kernel takes float16/bfloat16/float32 inputs, got {q.dtype}; "
-                         "use gptoss_kernels.sink_attention_ref for float64")
-    head_dim = q.shape[-1]
-    if head_dim < 16 or head_dim > 128 or head_dim & (head_dim - 1):
-        raise ValueError(f"head_dim must be a power of two in [16, 128] for the Triton kernel, "
-                         f"got {head_dim}")
-    if q.device.type != "cuda" and not (INTERPRETED and q.device.type == "cpu"):
-        raise ValueError(f"q is on {q.device}: the Triton kernel needs CUDA tensors, or CPU tensors with "
-                         "TRITON_INTERPRET=1 set before gptoss_kernels.triton is imported")
-    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-    longest = int(lengths.max()) if lengths.numel() else 0
-    if not isinstance(max_seqlen, int) or isinstance(max_seqlen, bool) or max_seqlen < longest:
-        raise ValueError(f"max_seqlen must be an int >= the longest document ({longest}), got {max_seqlen!r}")
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a positive finite float (default head_dim**-0.5), got {scale!r}")
 
 
 class LaunchConfig(NamedTuple):

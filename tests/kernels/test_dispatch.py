@@ -88,6 +88,13 @@ BAD_INPUTS = {
     "window-zero": (_bad(window=0), "window"),
     "window-negative": (_bad(window=-2), "window"),
     "window-float": (_bad(window=2.0), "window"),
+    "window-overflows-int32": (_bad(window=2**31), "window=2147483648 does not fit int32"),
+    "sinks-int64": (_bad(sinks=torch.zeros(4, dtype=torch.int64)), "sinks has dtype torch.int64"),
+    "sinks-bool": (_bad(sinks=torch.zeros(4, dtype=torch.bool)), "sinks has dtype torch.bool"),
+    "head-dim-0": (_bad(q=torch.randn(1, 6, 4, 0), k=torch.randn(1, 6, 2, 0), v=torch.randn(1, 6, 2, 0)),
+                   "head_dim is 0"),
+    "key-mask-not-bool": (_bad(key_mask=torch.ones(1, 6)), "key_mask must be a bool"),
+    "key-mask-wrong-shape": (_bad(key_mask=torch.ones(1, 5, dtype=torch.bool)), r"key_mask must have shape"),
 }
 
 
@@ -110,9 +117,39 @@ BAD_CU_SEQLENS = {
 
 
 @pytest.mark.parametrize("cu_seqlens, match", BAD_CU_SEQLENS.values(), ids=BAD_CU_SEQLENS.keys())
-def test_bad_cu_seqlens_raises_value_error(cu_seqlens, match):
+@pytest.mark.parametrize("fn", [sink_attention, gptoss_kernels.sink_attention_chunked, sink_attention_ref],
+                         ids=["public", "chunked", "reference"])
+def test_bad_cu_seqlens_raises_value_error(fn, cu_seqlens, match):
     q, kv = torch.randn(6, 4, 8), torch.randn(6, 2, 8)
     with pytest.raises(ValueError, match=match):
+        fn(q, kv, kv, torch.zeros(4), cu_seqlens=cu_seqlens)
+
+
+@pytest.mark.parametrize("max_seqlen", [2, 3.5, True, -1], ids=["shorter-than-longest", "float", "bool", "negative"])
+@pytest.mark.parametrize("fn", [sink_attention, gptoss_kernels.sink_attention_chunked, sink_attention_ref],
+                         ids=["public", "chunked", "reference"])
+def test_max_seqlen_inconsistent_with_cu_seqlens_raises(fn, max_seqlen):
+    q, kv = torch.randn(6, 4, 8), torch.randn(6, 2, 8)
+    cu_seqlens = torch.tensor([0, 2, 6], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"max_seqlen must be an int >= the longest document in cu_seqlens \(4\)"):
+        fn(q, kv, kv, torch.zeros(4), cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+
+
+def test_key_mask_is_refused_for_the_packed_layout():
+    q, kv = torch.randn(6, 4, 8), torch.randn(6, 2, 8)
+    with pytest.raises(ValueError, match="key_mask is for the batched layout"):
+        sink_attention(q, kv, kv, torch.zeros(4), cu_seqlens=torch.tensor([0, 6], dtype=torch.int32),
+                       key_mask=torch.ones(1, 6, dtype=torch.bool))
+
+
+def test_cu_seqlens_are_read_back_once_and_rechecked_after_a_write():
+    """Validation remembers a cu_seqlens tensor (one host copy per layout, not per layer); an in-place
+    write bumps its version and the next call validates again."""
+    q, kv = torch.randn(6, 4, 8), torch.randn(6, 2, 8)
+    cu_seqlens = torch.tensor([0, 2, 6], dtype=torch.int32)
+    sink_attention(q, kv, kv, torch.zeros(4), cu_seqlens=cu_seqlens)
+    cu_seqlens[1] = 7
+    with pytest.raises(ValueError, match="non-decreasing"):
         sink_attention(q, kv, kv, torch.zeros(4), cu_seqlens=cu_seqlens)
 
 
