@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -297,28 +298,48 @@ def _run_chunked(q, k, v, sinks, layout, cu_seqlens, window, scale, key_mask, q_
     return (out, lse) if return_lse else out
 
 
-def sink_attention_intervals(q, k, v, sinks, lo, hi, *, scale=None, q_chunk=DEFAULT_Q_CHUNK, key_chunk=None):
+class RowIntervals(NamedTuple):
+    """Inclusive key intervals of arbitrary query rows: host tuples (the tile plan) + device int64 tensors
+    (the tile masks). Build once with ``row_intervals`` and reuse: calls then copy nothing either way."""
+
+    lo: tuple[int, ...]
+    hi: tuple[int, ...]
+    lo_t: torch.Tensor
+    hi_t: torch.Tensor
+
+
+def row_intervals(lo, hi, device) -> RowIntervals:
+    """Check and pack host sequences ``lo``/``hi`` (one per query row, each non-decreasing; ``lo > hi``
+    means the row sees no key) for ``sink_attention_intervals``."""
+    lo, hi = tuple(int(x) for x in lo), tuple(int(x) for x in hi)
+    if len(lo) != len(hi):
+        raise ValueError(f"lo and hi need one entry per query row, got {len(lo)} and {len(hi)}")
+    for name, seq in (("lo", lo), ("hi", hi)):
+        if any(b < a for a, b in zip(seq[:-1], seq[1:])):
+            raise ValueError(f"{name} must be non-decreasing along the query rows")
+    if lo and lo[0] < 0:
+        raise ValueError(f"key intervals must start at key 0 or later, got lo[0]={lo[0]}")
+    as_tensor = functools.partial(torch.tensor, dtype=torch.int64, device=device)
+    return RowIntervals(lo, hi, as_tensor(lo), as_tensor(hi))
+
+
+def sink_attention_intervals(q, k, v, sinks, intervals: RowIntervals, *, scale=None, q_chunk=DEFAULT_Q_CHUNK,
+                             key_chunk=None):
     """Sink attention of arbitrary query rows over key intervals (what padded rows of a batch need).
 
-    ``q: [Nq, Hq, D]``, ``k, v: [Nk, Hkv, D]``; query row r attends to keys ``lo[r] .. hi[r]`` (inclusive,
-    empty when ``lo > hi``; a row seeing no key returns 0). ``lo``/``hi``: int sequences or int64 tensors,
-    each non-decreasing (the tile plan relies on it). Differentiable in q, k, v and sinks.
+    ``q: [Nq, Hq, D]``, ``k, v: [Nk, Hkv, D]``; query row r attends to keys ``lo[r] .. hi[r]`` of
+    ``intervals`` (inclusive, empty when ``lo > hi``: that row returns 0). Differentiable in q, k, v, sinks.
     """
     _check_tensors(q, k, v, 3, "[N, H, D]")
     _check_sinks(sinks, q.shape[1], q.device)
-    lo_list = lo.tolist() if isinstance(lo, torch.Tensor) else list(lo)
-    hi_list = hi.tolist() if isinstance(hi, torch.Tensor) else list(hi)
-    if len(lo_list) != q.shape[0] or len(hi_list) != q.shape[0]:
-        raise ValueError(f"lo and hi need one entry per query row ({q.shape[0]}), got {len(lo_list)}, {len(hi_list)}")
-    for name, seq in (("lo", lo_list), ("hi", hi_list)):
-        if any(b < a for a, b in zip(seq[:-1], seq[1:])):
-            raise ValueError(f"{name} must be non-decreasing along the query rows")
-    if lo_list and (lo_list[0] < 0 or hi_list[-1] >= k.shape[0]):
-        raise ValueError(f"key intervals must lie in [0, {k.shape[0]}), got lo[0]={lo_list[0]}, hi[-1]={hi_list[-1]}")
+    if len(intervals.lo) != q.shape[0]:
+        raise ValueError(f"intervals has {len(intervals.lo)} rows but q has {q.shape[0]}")
+    if intervals.hi and intervals.hi[-1] >= k.shape[0]:
+        raise ValueError(f"key intervals must end before key {k.shape[0]}, got hi[-1]={intervals.hi[-1]}")
+    if intervals.lo_t.device != q.device:
+        raise ValueError(f"intervals were built for {intervals.lo_t.device} but q is on {q.device}")
     scale = _check_tuning(q_chunk, key_chunk, scale, q.shape[-1])
     key_chunk = _key_chunk_for(q.shape[1], q_chunk, key_chunk)
-    plan = tile_plan(("rows", tuple(lo_list), tuple(hi_list)), q.shape[0], None, q_chunk, key_chunk, False)
-    lo_t = torch.tensor(lo_list, dtype=torch.int64, device=q.device)
-    hi_t = torch.tensor(hi_list, dtype=torch.int64, device=q.device)
-    out, _ = ChunkedSinkAttention.apply(q, k, v, sinks, lo_t, hi_t, None, plan, scale)
+    plan = tile_plan(("rows", intervals.lo, intervals.hi), q.shape[0], None, q_chunk, key_chunk, False)
+    out, _ = ChunkedSinkAttention.apply(q, k, v, sinks, intervals.lo_t, intervals.hi_t, None, plan, scale)
     return out

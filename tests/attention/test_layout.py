@@ -55,8 +55,8 @@ def test_span_layout_left_right_and_empty_rows_and_holes():
     spans = span_layout(mask)
     assert (spans.starts, spans.ends) == ((2, 0, 0), (5, 3, 0))
     assert spans.packed.token_index.tolist() == [2, 3, 4, 5, 6, 7] and spans.packed.cu_seqlens.tolist() == [0, 3, 6]
-    rows, lo, hi = spans.pad_intervals(None, "cpu")
-    assert rows.tolist() == [8, 9] and lo == [5, 5] and hi == [7, 7]
+    rows, intervals = spans.pad_intervals(None, "cpu")
+    assert rows.tolist() == [8, 9] and intervals.lo == (5, 5) and intervals.hi == (7, 7)
     assert spans.pad_intervals(1, "cpu") is None  # a window of 1 sees only the padding query itself
     assert span_layout(torch.tensor([[1, 0, 1, 1]], dtype=torch.bool)) is None
 

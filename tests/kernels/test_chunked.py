@@ -238,7 +238,8 @@ def test_intervals_entry_equals_reference_rows():
     sinks = torch.randn(4, dtype=F64)
     lo, hi = [0, 2, 2, 9, 11], [3, 3, 7, 8, 11]  # row 3 is empty (lo > hi)
     leaves = [t.requires_grad_() for t in (q, k, v, sinks)]
-    got = gptoss_kernels.sink_attention_intervals(*leaves, lo, hi, q_chunk=2, key_chunk=3)
+    intervals = gptoss_kernels.row_intervals(lo, hi, "cpu")
+    got = gptoss_kernels.sink_attention_intervals(*leaves, intervals, q_chunk=2, key_chunk=3)
     want = []
     for r in range(5):
         keys = torch.arange(12)
@@ -253,7 +254,10 @@ def test_intervals_entry_equals_reference_rows():
         assert (g - w).abs().max().item() <= 1e-12, _report(name, g, w)
     assert (got[3] == 0).all()
     with pytest.raises(ValueError, match="non-decreasing"):
-        gptoss_kernels.sink_attention_intervals(q, k, v, sinks, [3, 2, 2, 9, 11], hi)
+        gptoss_kernels.row_intervals([3, 2, 2, 9, 11], hi, "cpu")
+    with pytest.raises(ValueError, match="end before key 12"):
+        beyond = gptoss_kernels.row_intervals(lo, [3, 3, 7, 8, 12], "cpu")
+        gptoss_kernels.sink_attention_intervals(q, k, v, sinks, beyond)
 
 
 def test_key_mask_path_stays_memory_bounded():

@@ -75,11 +75,11 @@ def _attend_padded(q, k, v, sinks, attention_mask, window, scale):
     pad = spans.pad_intervals(window, q.device)
     if pad is None:
         return out
-    rows, lo, hi = pad
+    rows, intervals = pad
     batch, seqlen, hq, dim = q.shape
     flat_k, flat_v = (t.reshape(batch * seqlen, t.shape[2], dim) for t in (k, v))
     pad_q = q.reshape(batch * seqlen, hq, dim).index_select(0, rows)
-    pad_out = sink_attention_intervals(pad_q, flat_k, flat_v, sinks, lo, hi, scale=scale)
+    pad_out = sink_attention_intervals(pad_q, flat_k, flat_v, sinks, intervals, scale=scale)
     return out.reshape(batch * seqlen, hq, dim).index_copy(0, rows, pad_out).view(q.shape)
 
 

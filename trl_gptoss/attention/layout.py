@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gptoss_kernels import row_intervals
+
 
 def document_starts(position_ids: torch.Tensor) -> torch.Tensor:
     """Bool like ``position_ids`` ``[..., T]``: True where a document starts (first token, or the position
@@ -97,8 +99,8 @@ class SpanLayout:
     _pad: dict = field(default_factory=dict)
 
     def pad_intervals(self, window, device):
-        """Padding queries that see a valid key: ``(flat row index [N], lo, hi)`` with inclusive flat key
-        bounds (host lists), or None. Query i >= end of row b sees keys ``[max(start, i - W + 1), end)``."""
+        """Padding queries that see a valid key: ``(flat row index [N], RowIntervals)`` with inclusive flat key
+        bounds, or None. Query i >= end of row b sees keys ``[max(start, i - W + 1), end)``."""
         if window not in self._pad:
             rows, los, his = [], [], []
             for b, (start, end) in enumerate(zip(self.starts, self.ends)):
@@ -108,8 +110,10 @@ class SpanLayout:
                         rows.append(b * self.seqlen + i)
                         los.append(b * self.seqlen + lo)
                         his.append(b * self.seqlen + end - 1)
-            index = torch.tensor(rows, dtype=torch.int64, device=device) if rows else None
-            self._pad[window] = (index, los, his) if rows else None
+            self._pad[window] = None
+            if rows:
+                index = torch.tensor(rows, dtype=torch.int64, device=device)
+                self._pad[window] = (index, row_intervals(los, his, device))
         return self._pad[window]
 
 
