@@ -8,7 +8,7 @@ import torch
 from transformers import GptOssForCausalLM
 from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
-from tests.experts.helpers import max_rel_diff
+from tests.kernels.experts.helpers import max_rel_diff
 from trl_gptoss.experts import SEQUENTIAL_EXPERTS, GptOssSequentialExperts, patch_gpt_oss_experts
 from trl_gptoss.testing import tiny_gpt_oss
 

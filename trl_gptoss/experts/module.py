@@ -1,5 +1,6 @@
 """``GptOssSequentialExperts`` (drop-in module), ``patch_gpt_oss_experts`` (reversible swap) and the
-``ExpertsInterface`` registration (``experts_implementation="gptoss_sequential"``)."""
+``ExpertsInterface`` entry (``experts_implementation="gptoss_sequential"``), all calling
+``gptoss_kernels.experts.sequential_experts``."""
 
 from __future__ import annotations
 
@@ -7,25 +8,21 @@ import torch
 from transformers.integrations.moe import ExpertsInterface
 from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
-from trl_gptoss.experts.ops import sequential_experts
+from gptoss_kernels.experts import ExpertParams, sequential_experts
+from trl_gptoss import SEQUENTIAL_EXPERTS
 
-SEQUENTIAL_EXPERTS = "gptoss_sequential"
 DEFAULT_ROWS_PER_CHUNK = 4096
 
 
 def sequential_experts_forward(
     self: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
 ) -> torch.Tensor:
-    """``ExpertsInterface`` entry for any ``GptOssExperts``-shaped module: ``hidden_states [T, H]`` → ``[T, H]``.
-    """
+    """``ExpertsInterface`` entry for any ``GptOssExperts``-shaped module: ``hidden_states [T, H]`` → ``[T, H]``."""
     return sequential_experts(
         hidden_states,
         top_k_index,
         top_k_weights,
-        self.gate_up_proj,
-        self.gate_up_proj_bias,
-        self.down_proj,
-        self.down_proj_bias,
+        ExpertParams.of(self),
         alpha=self.alpha,
         limit=self.limit,
         rows_per_chunk=getattr(self, "rows_per_chunk", DEFAULT_ROWS_PER_CHUNK),
@@ -56,7 +53,7 @@ class GptOssSequentialExperts(GptOssExperts):
 
 class ExpertsPatch:
     """Handle returned by ``patch_gpt_oss_experts``; ``revert()`` (or leaving the ``with`` block) restores
-    every     swapped module's original class. Parameters are never copied, so optimizer state stays valid."""
+    every swapped module's original class. Parameters are never copied, so optimizer state stays valid."""
 
     def __init__(self, swapped: list[tuple[torch.nn.Module, type]]):
         self._swapped = swapped
@@ -99,8 +96,7 @@ def patch_gpt_oss_experts(
             module.rows_per_chunk = rows_per_chunk
     if not swapped:
         raise ValueError(
-            f"{type(model).__name__} has no GptOssExperts module to patch (already patched, or not a "
-            "GPT-OSS model)"
+            f"{type(model).__name__} has no GptOssExperts module to patch (already patched, or not a GPT-OSS model)"
         )
     return ExpertsPatch(swapped)
 
@@ -108,6 +104,6 @@ def patch_gpt_oss_experts(
 def register_sequential_experts(name: str = SEQUENTIAL_EXPERTS) -> str:
     """Register ``sequential_experts_forward`` globally with transformers' ``ExpertsInterface`` as ``name``,
     so ``from_pretrained(..., experts_implementation=name)`` and ``model.set_experts_implementation(name)``
-    work."""
+    work. ``import trl_gptoss`` already does this for ``"gptoss_sequential"``."""
     ExpertsInterface.register(name, sequential_experts_forward)
     return name

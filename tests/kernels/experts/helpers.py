@@ -1,13 +1,24 @@
-"""Shared builders for the experts tests: a standalone upstream ``GptOssExperts`` with random weights."""
+"""Shared builders for the experts tests: a standalone upstream ``GptOssExperts`` (the reference) with random
+weights, random routing, and outputs + every gradient of any experts implementation."""
 
 from __future__ import annotations
 
 import torch
 from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
+from gptoss_kernels.experts import ExpertParams, sequential_experts
 from trl_gptoss.testing import tiny_gpt_oss_config
 
 WEIGHT_STD = 0.6  # large enough that some gate/up pre-activations pass the +-7 clamp
+GRAD_NAMES = [
+    "out",
+    "d_hidden",
+    "d_routing_weights",
+    "d_gate_up_proj",
+    "d_gate_up_proj_bias",
+    "d_down_proj",
+    "d_down_proj_bias",
+]
 
 
 def upstream_experts(num_experts=4, hidden=32, intermediate=24, *, dtype=torch.float64, seed=0) -> GptOssExperts:
@@ -22,6 +33,17 @@ def upstream_experts(num_experts=4, hidden=32, intermediate=24, *, dtype=torch.f
     return experts.to(dtype)
 
 
+def op_of(experts: GptOssExperts, rows_per_chunk=None):
+    """``sequential_experts`` on ``experts``' parameters, called like the module: ``f(hidden, index, weights)``."""
+
+    def run(hidden, index, weights):
+        params = ExpertParams.of(experts)
+        kwargs = dict(alpha=experts.alpha, limit=experts.limit, rows_per_chunk=rows_per_chunk)
+        return sequential_experts(hidden, index, weights, params, **kwargs)
+
+    return run
+
+
 def random_routing(num_tokens, num_experts, top_k, *, seed=0, allowed=None, dtype=torch.float64):
     """Distinct experts per token drawn from ``allowed`` (default all), softmax-normalised weights."""
     generator = torch.Generator().manual_seed(seed)
@@ -32,20 +54,15 @@ def random_routing(num_tokens, num_experts, top_k, *, seed=0, allowed=None, dtyp
     return index, weights.to(dtype)
 
 
-def forward_and_grads(experts, hidden, index, weights, grad_seed=1):
-    """Output and gradients of ``<out, G>`` w.r.t. (hidden, weights, gate_up_proj, gate_up_proj_bias, down_proj,
-    down_proj_bias) for a fixed random cotangent ``G``."""
+def forward_and_grads(run, experts, hidden, index, weights, grad_seed=1):
+    """Output of ``run(hidden, index, weights)`` and the gradients of ``<out, G>`` (fixed random ``G``) w.r.t.
+    hidden, weights and ``experts``' four parameters, in ``GRAD_NAMES`` order."""
     hidden = hidden.detach().requires_grad_(True)
     weights = weights.detach().requires_grad_(True)
-    out = experts(hidden, index, weights)
+    out = run(hidden, index, weights)
     cotangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(grad_seed), dtype=torch.float64)
-    params = [experts.gate_up_proj, experts.gate_up_proj_bias, experts.down_proj, experts.down_proj_bias]
-    grads = torch.autograd.grad((out * cotangent.to(out.dtype)).sum(), [hidden, weights, *params])
+    grads = torch.autograd.grad((out * cotangent.to(out.dtype)).sum(), [hidden, weights, *ExpertParams.of(experts)])
     return [out.detach(), *grads]
-
-
-GRAD_NAMES = ["out", "d_hidden", "d_routing_weights", "d_gate_up_proj", "d_gate_up_proj_bias", "d_down_proj",
-              "d_down_proj_bias"]
 
 
 def max_rel_diff(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -3,14 +3,11 @@ num_experts x tokens x hidden elements (upstream's legacy repeat and batched_mm'
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from tests.experts.helpers import random_routing, upstream_experts
-from trl_gptoss.experts import patch_gpt_oss_experts
+from tests.kernels.experts.helpers import op_of, random_routing, upstream_experts
 
 NUM_TOKENS, NUM_EXPERTS, TOP_K, HIDDEN = 256, 32, 2, 16
 
@@ -30,20 +27,17 @@ class LargestTensor(TorchDispatchMode):
         return out
 
 
-def _largest_in_train_step(experts) -> LargestTensor:
+def _largest_in_train_step(run) -> LargestTensor:
     hidden = torch.randn(NUM_TOKENS, HIDDEN, requires_grad=True)
     index, weights = random_routing(NUM_TOKENS, NUM_EXPERTS, TOP_K, dtype=torch.float32)
     weights.requires_grad_(True)
     with LargestTensor() as largest:
-        experts(hidden, index, weights).square().sum().backward()
+        run(hidden, index, weights).square().sum().backward()
     return largest
 
 
 def test_no_tensor_grows_with_experts_times_tokens():
-    reference = upstream_experts(NUM_EXPERTS, HIDDEN, HIDDEN, dtype=torch.float32)
-    sequential = copy.deepcopy(reference)
-    patch_gpt_oss_experts(sequential)
-    largest = _largest_in_train_step(sequential)
+    largest = _largest_in_train_step(op_of(upstream_experts(NUM_EXPERTS, HIDDEN, HIDDEN, dtype=torch.float32)))
     pairs = NUM_TOKENS * TOP_K
     # Legit maxima: saved gate/up [T*K, 2I] and a full weight gradient [E, H, 2I] (both 16 Ki elements here).
     allowed = max(pairs * 2 * HIDDEN, NUM_EXPERTS * HIDDEN * 2 * HIDDEN)
@@ -61,10 +55,9 @@ def test_the_check_catches_per_pair_weight_copies():
 
 def test_eval_allocates_nothing_larger_than_the_output():
     """Without grad no [T*K, 2I] activation buffer is kept: the output [T, H] is the largest tensor."""
-    reference = upstream_experts(NUM_EXPERTS, HIDDEN, HIDDEN, dtype=torch.float32)
-    patch_gpt_oss_experts(reference)
+    run = op_of(upstream_experts(NUM_EXPERTS, HIDDEN, HIDDEN, dtype=torch.float32))
     hidden = torch.randn(NUM_TOKENS, HIDDEN)
     index, weights = random_routing(NUM_TOKENS, NUM_EXPERTS, TOP_K, dtype=torch.float32)
     with torch.no_grad(), LargestTensor() as largest:
-        reference(hidden, index, weights)
+        run(hidden, index, weights)
     assert largest.numel <= NUM_TOKENS * HIDDEN, f"{largest.shape} from {largest.op}"
