@@ -89,14 +89,31 @@ def test_last_boxed(text, expected):
         ("3 + 4 = 7\n#### 7", "7"),
         ("The final answer is $1,200.", "$1,200"),
         ("Answer: 18 apples\nthanks", "18 apples"),
-        ("I think 3, no wait, 5", "5"),
-        ("value \u22124", "-4"),
+        ("#### 3\nno wait\n#### 4", "4"),
+        ("The answer is:\n\n  42.", "42"),
+        ("I think 3, no wait, 5", None),
         ("nothing numeric", None),
     ],
-    ids=["gsm8k-marker", "answer-is", "answer-colon", "last-number", "unicode-minus", "none"],
+    ids=["gsm8k-marker", "answer-is", "answer-colon", "last-marker", "answer-next-line", "unmarked", "none"],
 )
 def test_extract_final_answer(text, expected):
     assert extract_final_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("value \u22124", "-4"),
+        ("so it is\n  12 apples  \n", "12"),
+        ("I think 3, no wait, 5", None),
+        ("1\n2\n3", "3"),
+    ],
+    ids=["unicode-minus", "last-line", "two-numbers-on-last-line", "one-per-line"],
+)
+def test_last_number_fallback_is_opt_in_and_takes_a_lone_number(text, expected):
+    """Evaluation-only fallback: the last line must hold exactly one number; no reward uses it."""
+    assert extract_final_answer(text) is None
+    assert extract_final_answer(text, fallback_to_last_number=True) == expected
 
 
 def test_completion_text_forms():

@@ -45,7 +45,7 @@ def test_retool_reward_reads_a_boxed_solution_and_skips_missing_truth():
 
 GSM8K_TABLE = [
     ("She has 5 + 7 = 12 apples.\n#### 12", "5 + 7 = 12\n#### 12", 1.0),
-    ("The total is $1,250.", "#### 1250", 1.0),
+    ("The total is $1,250.", "#### 1250", 0.0),  # unmarked: no last-number fallback in rewards
     ("So the answer is \\boxed{18}.", "#### 18", 1.0),
     ("It costs 3 dollars, so 4 cost 12 dollars... the final answer is 12", "#### 12", 1.0),
     ("3 + 4 = 7, then 7 * 2 = 14", "#### 15", 0.0),
@@ -56,9 +56,7 @@ GSM8K_TABLE = [
 
 def test_gsm8k_reward_table():
     completions = [c for c, _, _ in GSM8K_TABLE]
-    assert _as_trl(gsm8k_reward, completions, answer=[a for _, a, _ in GSM8K_TABLE]) == [
-        r for _, _, r in GSM8K_TABLE
-    ]
+    assert _as_trl(gsm8k_reward, completions, answer=[a for _, a, _ in GSM8K_TABLE]) == [r for _, _, r in GSM8K_TABLE]
     assert gsm8k_answer("reasoning\n#### 1,000") == "1,000"
 
 

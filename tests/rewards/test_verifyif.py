@@ -50,9 +50,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    "constraint, good, bad", CASES, ids=[f"{c['type']}-{i}" for i, (c, _, _) in enumerate(CASES)]
-)
+@pytest.mark.parametrize("constraint, good, bad", CASES, ids=[f"{c['type']}-{i}" for i, (c, _, _) in enumerate(CASES)])
 def test_each_constraint_passes_and_fails(constraint, good, bad):
     assert check_constraint(good, constraint) is True
     assert check_constraint(bad, constraint) is False
@@ -98,7 +96,7 @@ def test_scores_and_trl_signature():
         ({"kind": "no_commas"}, "'type' key"),
         ({"type": "telepathy"}, "Unknown constraint type"),
         ({"type": "word_count"}, "needs integer"),
-        ({"type": "word_count", "min": "3"}, "needs integer"),
+        ({"type": "word_count", "min": "3"}, "'min' must be an integer"),
         ({"type": "word_count", "exactly": 3, "max": 4}, "'exactly' alone"),
         ({"type": "starts_with", "prefix": "x"}, "wrong parameters"),
         ({"type": "letter_frequency", "letter": "ab", "min": 1}, "one character"),

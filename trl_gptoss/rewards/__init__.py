@@ -5,15 +5,10 @@
 - ``verifyif_reward`` / ``verifyif_strict_reward``: instruction following with verifiable constraints.
 """
 
-from trl_gptoss.rewards.answers import (
-    answers_match,
-    completion_text,
-    extract_final_answer,
-    last_boxed,
-    parse_number,
-)
-from trl_gptoss.rewards.constraints import CHECKERS, check_constraint
+from trl_gptoss.rewards.answers import answers_match, completion_text, extract_final_answer, last_boxed
+from trl_gptoss.rewards.constraints import CHECKERS, check_constraint, validate_constraint
 from trl_gptoss.rewards.math import gsm8k_answer, gsm8k_reward, retool_reward
+from trl_gptoss.rewards.numbers import MAX_ANSWER_CHARS, parse_number
 from trl_gptoss.rewards.verifyif import (
     ConstraintScores,
     parse_constraints,
@@ -24,6 +19,7 @@ from trl_gptoss.rewards.verifyif import (
 
 __all__ = [
     "CHECKERS",
+    "MAX_ANSWER_CHARS",
     "ConstraintScores",
     "answers_match",
     "check_constraint",
@@ -36,6 +32,7 @@ __all__ = [
     "parse_number",
     "retool_reward",
     "score_constraints",
+    "validate_constraint",
     "verifyif_reward",
     "verifyif_strict_reward",
 ]

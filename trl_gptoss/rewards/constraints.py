@@ -1,24 +1,27 @@
 """VerifyIf constraint checkers: one rule-based verifier per kind of instruction-following constraint.
 
 A constraint is a dict ``{"type": KIND, **params}``; ``CHECKERS[KIND](text, **params) -> bool``.
-Counts accept ``min``/``max`` bounds (inclusive) or ``exactly``. ``check_constraint`` validates the
-parameters and raises ``ValueError`` naming what to change.
+Counts accept ``min``/``max`` bounds (inclusive) or ``exactly``. ``validate_constraint`` checks a
+constraint's parameters once (the data loaders call it when a dataset is loaded) and raises ``ValueError``
+naming the field to change; a valid constraint's checker then never raises for any text and runs in time
+linear in its length (every regex below is anchored so that no run of one character is rescanned).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import re
 from collections.abc import Callable
 
-_WORD = re.compile(r"\b[\w'-]+\b", re.UNICODE)
-_SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)")
-_BULLET = re.compile(r"^\s*[*\-+•]\s+\S", re.MULTILINE)
-_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+\S", re.MULTILINE)
+_WORD = re.compile(r"\w+(?:['-]++\w+)*")  # "don't", "three-four" are one word each
+_SENTENCE_END = re.compile(r"(?<![.!?])[.!?]++(?=\s|$)")  # only at a run's start: linear on "....."
+_BULLET = re.compile(r"^[ \t]*[*\-+•][ \t]+\S", re.MULTILINE)  # [ \t], not \s: \s would span blank lines
+_HEADING = re.compile(r"^[ \t]{0,3}#{1,6}[ \t]+\S", re.MULTILINE)
 _HIGHLIGHT = re.compile(r"\*[^\n*]+\*")
 _PLACEHOLDER = re.compile(r"\[[^\[\]\n]+\]")
 _TITLE = re.compile(r"<<[^<>\n]+>>")
-_FENCE = re.compile(r"^\s*```(?:json|JSON)?\s*\n(.*)\n\s*```\s*$", re.DOTALL)
 
 
 def _within(count: int, min=None, max=None, exactly=None) -> bool:
@@ -41,13 +44,23 @@ def sentence_count(text: str, **bounds) -> bool:
 
 
 def paragraph_count(text: str, **bounds) -> bool:
-    """Paragraphs are separated by blank lines (or IFEval's ``***`` divider lines)."""
-    blocks = re.split(r"\n\s*\n|\n\s*\*\*\*\s*\n", text.strip())
-    return _within(len([b for b in blocks if b.strip()]), **bounds)
+    """Paragraphs are runs of non-blank lines separated by blank lines (or IFEval's ``***`` divider lines)."""
+    count, inside = 0, False
+    for line in text.splitlines():
+        separator = not line.strip() or line.strip() == "***"
+        count += not separator and not inside
+        inside = not separator
+    return _within(count, **bounds)
 
 
+@functools.lru_cache(maxsize=1024)
 def _keyword_pattern(keyword: str) -> re.Pattern:
     return re.compile(rf"(?<!\w){re.escape(keyword)}(?!\w)", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=256)
+def _line_start_pattern(prefix: str, then: str = "") -> re.Pattern:
+    return re.compile(rf"^[ \t]*{re.escape(prefix)}{then}", re.MULTILINE | re.IGNORECASE)
 
 
 def keywords_present(text: str, keywords: list[str]) -> bool:
@@ -71,12 +84,21 @@ def letter_frequency(text: str, letter: str, **bounds) -> bool:
     return _within(text.lower().count(letter.lower()), **bounds)
 
 
+def _unfence(text: str) -> str:
+    """The body of a response wrapped in one ```json (or bare ```) fence; the text itself otherwise."""
+    stripped = text.strip()
+    first, _, rest = stripped.partition("\n")
+    body, _, last = rest.rpartition("\n")
+    if first.strip() in ("```", "```json", "```JSON") and last.strip() == "```":
+        return body
+    return text
+
+
 def json_format(text: str) -> bool:
     """The whole response is valid JSON (a surrounding ```json fence is allowed)."""
-    fenced = _FENCE.match(text)
     try:
-        json.loads(fenced.group(1) if fenced else text)
-    except json.JSONDecodeError:
+        json.loads(_unfence(text))
+    except (ValueError, RecursionError):  # also 5000-digit numbers and "[[[[..." nested past the stack
         return False
     return True
 
@@ -140,14 +162,12 @@ def title(text: str) -> bool:
 
 def postscript(text: str, marker: str = "P.S.") -> bool:
     """A line starting with the postscript marker (``P.S.``, ``P.P.S``)."""
-    return bool(re.search(rf"^\s*{re.escape(marker)}", text, re.MULTILINE | re.IGNORECASE))
+    return bool(_line_start_pattern(marker).search(text))
 
 
 def section_count(text: str, splitter: str = "Section", **bounds) -> bool:
     """Sections introduced by ``SPLITTER N`` at a line start (``Section 1``, ``SECTION 2``)."""
-    return _within(
-        len(re.findall(rf"^\s*{re.escape(splitter)}\s+\d+", text, re.MULTILINE | re.IGNORECASE)), **bounds
-    )
+    return _within(len(_line_start_pattern(splitter, r"[ \t]+\d").findall(text)), **bounds)
 
 
 CHECKERS: dict[str, Callable[..., bool]] = {
@@ -190,24 +210,87 @@ _BOUNDED = {
     "capital_words",
     "section_count",
 }
-_BOUND_KEYS = {"min", "max", "exactly"}
+_BOUND_KEYS = ("min", "max", "exactly")
 
 
-def check_constraint(text: str, constraint: dict) -> bool:
-    """Whether ``text`` satisfies one constraint ``{"type": KIND, **params}``."""
+def _nonempty_str(value) -> str | None:
+    return None if isinstance(value, str) and value.strip() else "a non-empty string"
+
+
+def _one_char(value) -> str | None:
+    return None if isinstance(value, str) and len(value) == 1 and not value.isspace() else "one character"
+
+
+def _keyword_list(value) -> str | None:
+    if isinstance(value, list) and value and all(_nonempty_str(k) is None for k in value):
+        return None
+    return "a non-empty list of non-empty strings (a single string is not a list of keywords)"
+
+
+def _count(value) -> str | None:
+    return None if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else "an integer >= 0"
+
+
+_PARAM_RULES: dict[str, Callable[[object], str | None]] = {
+    "keywords": _keyword_list,
+    "keyword": _nonempty_str,
+    "letter": _one_char,
+    "phrase": _nonempty_str,
+    "marker": _nonempty_str,
+    "splitter": _nonempty_str,
+    **dict.fromkeys(_BOUND_KEYS, _count),
+}
+
+
+@functools.cache
+def _named_params(kind: str) -> tuple[set[str], set[str]]:
+    """``(required, allowed)`` parameter names of a checker, read from its signature."""
+    params = list(inspect.signature(CHECKERS[kind]).parameters.values())[1:]  # drop ``text``
+    named = [p for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    required = {p.name for p in named if p.default is inspect.Parameter.empty}
+    allowed = {p.name for p in named} | (set(_BOUND_KEYS) if kind in _BOUNDED else set())
+    return required, allowed
+
+
+def validate_constraint(constraint) -> None:
+    """Raise ``ValueError`` naming the field to change unless ``constraint`` is a well-formed constraint.
+
+    Checks: a dict with a known ``type``; no unknown or missing parameters; each parameter's type (keyword
+    lists are non-empty lists of non-empty strings, ``letter`` is one character, bounds are integers >= 0);
+    counted kinds have ``exactly`` alone or ``min``/``max`` with ``min <= max``.
+    """
     if not isinstance(constraint, dict) or "type" not in constraint:
         raise ValueError(f"A constraint is a dict with a 'type' key, got {constraint!r}.")
     kind = constraint["type"]
-    if kind not in CHECKERS:
+    if not isinstance(kind, str) or kind not in CHECKERS:
         raise ValueError(f"Unknown constraint type {kind!r}; known: {sorted(CHECKERS)}.")
     params = {k: v for k, v in constraint.items() if k != "type"}
+    required, allowed = _named_params(kind)
+    if params.keys() - allowed or required - params.keys():
+        raise ValueError(
+            f"Constraint {kind!r}: wrong parameters {sorted(params)}; required {sorted(required)}, "
+            f"allowed {sorted(allowed)}."
+        )
+    for name, value in params.items():
+        problem = _PARAM_RULES[name](value) if name in _PARAM_RULES else None
+        if problem:
+            raise ValueError(f"Constraint {kind!r}: field {name!r} must be {problem}, got {value!r}.")
     if kind in _BOUNDED:
-        bounds = {k: params[k] for k in _BOUND_KEYS & params.keys()}
-        if not bounds or any(not isinstance(v, int) or isinstance(v, bool) for v in bounds.values()):
-            raise ValueError(f"Constraint {kind!r} needs integer 'min', 'max' or 'exactly', got {params!r}.")
-        if "exactly" in bounds and len(bounds) > 1:
-            raise ValueError(f"Constraint {kind!r}: give 'exactly' alone, or 'min'/'max', not both.")
-    try:
-        return bool(CHECKERS[kind](text, **params))
-    except TypeError as exc:
-        raise ValueError(f"Constraint {kind!r}: wrong parameters {sorted(params)} ({exc}).") from exc
+        _check_bounds(kind, params)
+
+
+def _check_bounds(kind: str, params: dict) -> None:
+    bounds = {k: params[k] for k in _BOUND_KEYS if k in params}
+    if not bounds:
+        raise ValueError(f"Constraint {kind!r} needs integer 'min', 'max' or 'exactly', got {params!r}.")
+    if "exactly" in bounds and len(bounds) > 1:
+        raise ValueError(f"Constraint {kind!r}: give 'exactly' alone, or 'min'/'max', not both.")
+    if bounds.get("min", 0) > bounds.get("max", bounds.get("min", 0)):
+        raise ValueError(f"Constraint {kind!r}: 'min' ({bounds['min']}) is greater than 'max' ({bounds['max']}).")
+
+
+def check_constraint(text: str, constraint: dict) -> bool:
+    """Whether ``text`` satisfies one constraint ``{"type": KIND, **params}`` (validated first)."""
+    validate_constraint(constraint)
+    params = {k: v for k, v in constraint.items() if k != "type"}
+    return bool(CHECKERS[constraint["type"]](text, **params))
