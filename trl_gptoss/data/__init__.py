@@ -1,7 +1,7 @@
 """Task datasets (ReTool, GSM8K, VerifyIf) in TRL's conversational prompt format; offline samples shipped.
 
 Public names: ``load_task_dataset``, ``load_hub_task_dataset``, ``convert_hub_rows``, ``read_samples``,
-``describe_constraint``, ``TASKS``, ``HUB_DATASETS``.
+``read_jsonl``, ``format_jsonl``, ``describe_constraint``, ``TASKS``, ``HUB_DATASETS``.
 """
 
 from trl_gptoss.data.formats import describe_constraint
@@ -9,8 +9,10 @@ from trl_gptoss.data.loaders import (
     HUB_DATASETS,
     TASKS,
     convert_hub_rows,
+    format_jsonl,
     load_hub_task_dataset,
     load_task_dataset,
+    read_jsonl,
     read_samples,
 )
 
@@ -19,7 +21,9 @@ __all__ = [
     "TASKS",
     "convert_hub_rows",
     "describe_constraint",
+    "format_jsonl",
     "load_hub_task_dataset",
     "load_task_dataset",
+    "read_jsonl",
     "read_samples",
 ]

@@ -8,6 +8,9 @@ prompt format) plus the columns the matching reward reads: ``answer`` (ReTool, G
 from __future__ import annotations
 
 import json
+import math
+
+from trl_gptoss.rewards.constraints import validate_constraint
 
 RETOOL_INSTRUCTION = (
     "Solve the problem. You may call the python tool to compute or check intermediate results. "
@@ -54,13 +57,10 @@ def describe_constraint(c: dict) -> str:
         "keyword_frequency": lambda: f"Use the word {c['keyword']!r} {_bounds(c)} times.",
         "letter_frequency": lambda: f"Use the letter {c['letter']!r} {_bounds(c)} times.",
         "starts_with": lambda: f"Start your response with {c['phrase']!r}.",
-        "ends_with": lambda: (
-            f"End your response with the exact phrase {c['phrase']!r}; nothing may follow it."
-        ),
+        "ends_with": lambda: f"End your response with the exact phrase {c['phrase']!r}; nothing may follow it.",
         "postscript": lambda: f"End with a postscript starting with {c.get('marker', 'P.S.')}.",
         "section_count": lambda: (
-            f"Divide your response into {_bounds(c)} sections, each starting with "
-            f"'{c.get('splitter', 'Section')} N'."
+            f"Divide your response into {_bounds(c)} sections, each starting with '{c.get('splitter', 'Section')} N'."
         ),
     }
     if kind not in described:
@@ -68,21 +68,73 @@ def describe_constraint(c: dict) -> str:
     return described[kind]()
 
 
+def field(row, path: str):
+    """``row["a"]["b"]`` for ``path="a.b"`` (``[-1]`` indexes a list); ``ValueError`` naming the missing field."""
+    value = row
+    for part in path.replace("[", ".[").split("."):
+        key = int(part[1:-1]) if part.startswith("[") else part
+        try:
+            value = value[key]
+        except (KeyError, IndexError, TypeError):
+            raise ValueError(f"missing field {path!r}") from None
+    return value
+
+
+def question_text(value, name: str = "question") -> str:
+    """A non-blank question string, else ``ValueError`` naming the field."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"field {name!r} must be a non-empty string, got {value!r}")
+    return value
+
+
+def answer_text(value, name: str = "answer") -> str:
+    """The ground truth as text: a non-blank string, or an int/finite float written out.
+
+    ``None`` is refused: ``str(None)`` would make ``"None"`` the answer, and ``\\boxed{None}`` would score.
+    """
+    if value is None:
+        raise ValueError(f"field {name!r} is null; every row needs its ground-truth answer (drop the row)")
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(f"field {name!r} must be a string or a number, got {type(value).__name__} {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"field {name!r} must be a finite number, got {value!r}")
+    text = str(value)
+    if not text.strip():
+        raise ValueError(f"field {name!r} is empty; every row needs its ground-truth answer")
+    return text
+
+
+def checked_constraints(constraints, name: str = "constraints") -> list[dict]:
+    """``constraints`` if it is a non-empty list of valid constraints, else ``ValueError`` naming the entry."""
+    if not isinstance(constraints, list) or not constraints:
+        raise ValueError(f"field {name!r} must be a non-empty list of constraint dicts, got {constraints!r}")
+    for i, constraint in enumerate(constraints):
+        try:
+            validate_constraint(constraint)
+        except ValueError as exc:
+            raise ValueError(f"field '{name}[{i}]': {exc}") from None
+    return constraints
+
+
 def user_prompt(content: str) -> list[dict]:
     return [{"role": "user", "content": content}]
 
 
-def retool_row(question: str, answer: str) -> dict:
-    return {"prompt": user_prompt(f"{question}\n\n{RETOOL_INSTRUCTION}"), "answer": str(answer)}
+def retool_row(question: str, answer) -> dict:
+    """A ReTool row; ``ValueError`` naming the field for a blank question or a null/blank answer."""
+    prompt = user_prompt(f"{question_text(question)}\n\n{RETOOL_INSTRUCTION}")
+    return {"prompt": prompt, "answer": answer_text(answer)}
 
 
 def gsm8k_row(question: str, answer: str) -> dict:
-    return {"prompt": user_prompt(f"{question}\n\n{GSM8K_INSTRUCTION}"), "answer": answer}
+    """A GSM8K row; ``answer`` is the worked solution ending in ``#### x``."""
+    return {"prompt": user_prompt(f"{question_text(question)}\n\n{GSM8K_INSTRUCTION}"), "answer": answer_text(answer)}
 
 
 def verifyif_row(instruction: str, constraints: list[dict]) -> dict:
-    """The task text followed by one line per constraint; ``constraints`` stored as JSON text."""
-    lines = "\n".join(f"- {describe_constraint(c)}" for c in constraints)
+    """The task text followed by one line per constraint; ``constraints`` (validated) stored as JSON text."""
+    instruction = question_text(instruction, "instruction")
+    lines = "\n".join(f"- {describe_constraint(c)}" for c in checked_constraints(constraints))
     return {
         "prompt": user_prompt(f"{instruction}\n\nFollow these rules:\n{lines}"),
         "constraints": json.dumps(constraints),
@@ -95,13 +147,15 @@ def dapo_math_row(row: dict) -> dict:
     DAPO wraps each problem in an "Answer: $Answer" instruction; ReTool wants ``\\boxed{}``, so the
     problem is cut out of the wrapper (between the first blank line and the closing "Remember ..." line).
     """
-    content = row["prompt"][-1]["content"]
+    content = question_text(field(row, "prompt[-1].content"), "prompt[-1].content")
     body = content.split("\n\n", 1)[1] if "\n\n" in content else content
     body = body.rsplit("\n\nRemember", 1)[0].strip()
-    return retool_row(body, row["reward_model"]["ground_truth"])
+    return retool_row(body, answer_text(field(row, "reward_model.ground_truth"), "reward_model.ground_truth"))
 
 
 def _relation_bounds(relation: str, n: int) -> dict:
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise ValueError(f"the count must be an integer, got {n!r}")
     if relation == "less than":
         return {"max": n - 1}
     if relation == "at least":
@@ -169,14 +223,28 @@ def ifeval_row(row: dict) -> dict | None:
     IFEval stores ``instruction_id_list`` and a parallel list of ``kwargs`` dicts (unused keys are null).
     The prompt is kept verbatim: it already states the constraints.
     """
-    constraints = []
-    for instruction_id, kwargs in zip(row["instruction_id_list"], row["kwargs"]):
-        if instruction_id not in _IFEVAL:
-            return None
-        constraints.append(
-            _IFEVAL[instruction_id]({k: v for k, v in (kwargs or {}).items() if v is not None})
-        )
-    return {"prompt": user_prompt(row["prompt"]), "constraints": json.dumps(constraints)}
+    ids, all_kwargs = field(row, "instruction_id_list"), field(row, "kwargs")
+    if not isinstance(ids, list) or not isinstance(all_kwargs, list) or len(ids) != len(all_kwargs):
+        raise ValueError("fields 'instruction_id_list' and 'kwargs' must be lists of the same length")
+    if any(instruction_id not in _IFEVAL for instruction_id in ids):
+        return None
+    constraints = [_ifeval_constraint(i, kind, kwargs) for i, (kind, kwargs) in enumerate(zip(ids, all_kwargs))]
+    prompt = user_prompt(question_text(field(row, "prompt"), "prompt"))
+    return {"prompt": prompt, "constraints": json.dumps(constraints)}
+
+
+def _ifeval_constraint(index: int, instruction_id: str, kwargs) -> dict:
+    """One IFEval instruction as a validated constraint; ``ValueError`` naming ``kwargs[index]``."""
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise ValueError(f"field 'kwargs[{index}]' must be a dict, got {kwargs!r}")
+    present = {k: v for k, v in (kwargs or {}).items() if v is not None}
+    try:
+        constraint = _IFEVAL[instruction_id](present)
+        validate_constraint(constraint)
+    except (KeyError, TypeError, ValueError) as exc:
+        problem = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise ValueError(f"field 'kwargs[{index}]' ({instruction_id}): {problem}; got {present!r}") from None
+    return constraint
 
 
 SUPPORTED_IFEVAL_INSTRUCTIONS = tuple(sorted(_IFEVAL))

@@ -1,7 +1,11 @@
 """Task datasets as ``datasets.Dataset`` in TRL's conversational prompt format.
 
 ``load_task_dataset(task)`` reads the small samples shipped in ``trl_gptoss/data/samples`` (offline; used
-by tests and examples). ``load_hub_task_dataset(task)`` downloads the real training set from the Hugging
+by tests and examples), or a local JSON-lines file in the same format (``source="jsonl", path=...``).
+Every row is checked when it is loaded: a bad line, a missing or null field, or a malformed constraint
+raises ``ValueError`` naming the file, the line and the field.
+
+``load_hub_task_dataset(task)`` downloads the real training set from the Hugging
 Face Hub; it is only called when the user asks for it (``source="hub"``) and imports ``load_dataset``
 lazily, so nothing here touches the network by default.
 """
@@ -33,19 +37,53 @@ def _check_task(task: str) -> None:
         raise ValueError(f"Unknown task {task!r}; choose one of {TASKS}.")
 
 
+def read_jsonl(path: str) -> list[tuple[int, dict]]:
+    """``(line number, row)`` for every non-blank line; ``ValueError`` naming ``path:line`` for a bad one."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{number}: not valid JSON ({exc})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{number}: a row must be a JSON object, got {type(row).__name__}")
+            rows.append((number, row))
+    return rows
+
+
 def read_samples(task: str) -> list[dict]:
     """The raw rows of the shipped sample file ``samples/<task>.jsonl``."""
     _check_task(task)
-    with open(os.path.join(SAMPLES_DIR, f"{task}.jsonl"), encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return [row for _, row in read_jsonl(_sample_path(task))]
 
 
-def _format_sample(task: str, row: dict) -> dict:
-    if task == "retool":
-        return formats.retool_row(row["question"], row["answer"])
-    if task == "gsm8k":
-        return formats.gsm8k_row(row["question"], row["answer"])
-    return formats.verifyif_row(row["instruction"], row["constraints"])
+def _sample_path(task: str) -> str:
+    return os.path.join(SAMPLES_DIR, f"{task}.jsonl")
+
+
+def _format_row(task: str, row: dict) -> dict:
+    """One file row (fields ``question``/``answer``, or ``instruction``/``constraints``) as a task row."""
+    if task == "verifyif":
+        return formats.verifyif_row(formats.field(row, "instruction"), formats.field(row, "constraints"))
+    make = formats.retool_row if task == "retool" else formats.gsm8k_row
+    return make(formats.field(row, "question"), formats.field(row, "answer"))
+
+
+def format_jsonl(task: str, path: str) -> list[dict]:
+    """Every row of a JSON-lines file as a task row; ``ValueError`` naming ``path:line`` and the field."""
+    _check_task(task)
+    formatted = []
+    for number, row in read_jsonl(path):
+        try:
+            formatted.append(_format_row(task, row))
+        except ValueError as exc:
+            raise ValueError(f"{path}:{number}: {exc}") from None
+    if not formatted:
+        raise ValueError(f"{path}: no rows")
+    return formatted
 
 
 def load_task_dataset(
@@ -54,26 +92,31 @@ def load_task_dataset(
     split: str = "train",
     limit: int | None = None,
     hub_id: str | None = None,
+    path: str | None = None,
 ) -> Dataset:
     """``Dataset`` with a conversational ``prompt`` column and the reward's ground-truth column.
 
     Args:
         task: ``"retool"``, ``"gsm8k"`` or ``"verifyif"``.
-        source: ``"sample"`` (shipped, offline) or ``"hub"`` (downloads; see ``load_hub_task_dataset``).
+        source: ``"sample"`` (shipped, offline), ``"jsonl"`` (a local file at ``path`` in the samples'
+            format) or ``"hub"`` (downloads; see ``load_hub_task_dataset``).
         split: Hub split (ignored for samples).
         limit: keep the first ``limit`` rows.
         hub_id: override the Hub dataset id (same row format as the default one).
+        path: the JSON-lines file for ``source="jsonl"``.
     """
     _check_task(task)
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be a positive number of rows, got {limit}.")
     if source == "hub":
         return load_hub_task_dataset(task, split=split, limit=limit, hub_id=hub_id)
-    if source != "sample":
-        raise ValueError(f"source must be 'sample' or 'hub', got {source!r}.")
+    if source not in ("sample", "jsonl"):
+        raise ValueError(f"source must be 'sample', 'jsonl' or 'hub', got {source!r}.")
+    if (source == "jsonl") != (path is not None):
+        raise ValueError("give path= exactly when source='jsonl'.")
     from datasets import Dataset
 
-    rows = [_format_sample(task, r) for r in read_samples(task)]
+    rows = format_jsonl(task, path if source == "jsonl" else _sample_path(task))
     return Dataset.from_list(rows[:limit] if limit is not None else rows)
 
 
@@ -94,14 +137,21 @@ def load_hub_task_dataset(
 def convert_hub_rows(task: str, rows) -> Dataset:
     """Convert Hub rows (any iterable of dicts in the default dataset's format) to task rows."""
     _check_task(task)
-    if task == "retool":
-        converted = [formats.dapo_math_row(r) for r in rows]
-    elif task == "gsm8k":
-        converted = [formats.gsm8k_row(r["question"], r["answer"]) for r in rows]
-    else:
-        converted = [c for c in map(formats.ifeval_row, rows) if c is not None]
+    convert = {"retool": formats.dapo_math_row, "gsm8k": _gsm8k_hub_row, "verifyif": formats.ifeval_row}[task]
+    converted = []
+    for index, row in enumerate(rows):
+        try:
+            row = convert(row)
+        except ValueError as exc:
+            raise ValueError(f"{task} Hub row {index}: {exc}") from None
+        if row is not None:
+            converted.append(row)
     if not converted:
         raise ValueError(f"No {task} rows could be converted; check the dataset's columns.")
     from datasets import Dataset
 
     return Dataset.from_list(converted)
+
+
+def _gsm8k_hub_row(row: dict) -> dict:
+    return formats.gsm8k_row(formats.field(row, "question"), formats.field(row, "answer"))
