@@ -85,7 +85,8 @@ def _cmd_vllm_serve(args) -> int:
 
     server = VLLMServer(args.model, port=args.port, host=args.host, max_model_len=args.max_model_len,
                         max_num_seqs=args.max_num_seqs, device=args.device, kv_cache_gib=args.kv_cache_gib,
-                        gpu_memory_utilization=args.gpu_memory_utilization, extra_args=args.vllm_args)
+                        gpu_memory_utilization=args.gpu_memory_utilization,
+                        extra_args=args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args)
     return serve_forever(server)
 
 

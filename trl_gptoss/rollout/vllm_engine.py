@@ -1,0 +1,146 @@
+"""Rollout engine that samples from a vLLM server over HTTP: token-id prompts in, token ids + log-probs out.
+
+Every process (each rank of a training job) talks to the server itself; nothing is gathered to rank 0 and no
+process assumes anything about the others, so processes that make different numbers of tool calls never
+exchange continuations. Requests run on a thread pool, each thread reusing one keep-alive
+``requests.Session``; every call has a connect and a read timeout and is retried with exponential backoff on
+connection errors, timeouts and 5xx answers. When the server stays unreachable the error names its URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+
+from trl_gptoss.rollout.types import Generation, GenerationRequest
+
+
+class VLLMServerError(RuntimeError):
+    """The vLLM server at ``base_url`` did not answer (after retries) or answered with an error."""
+
+
+def completion_payload(model: str, request: GenerationRequest) -> dict:
+    """``/v1/completions`` body for one request: token-id prompt, sampled-token log-probs, only the request's
+    stop ids end sampling (``ignore_eos``: the in-process engine follows the same rule)."""
+    payload = {"model": model, "prompt": [int(t) for t in request.prompt_ids], "max_tokens": request.max_new_tokens,
+               "temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k, "n": 1,
+               "logprobs": 0, "stop_token_ids": [int(t) for t in request.stop_token_ids], "ignore_eos": True,
+               "return_tokens_as_token_ids": True, "return_token_ids": True, "skip_special_tokens": False}
+    if request.seed is not None:
+        payload["seed"] = int(request.seed)
+    return payload
+
+
+def generation_from_choice(choice: dict) -> Generation:
+    """Parse one ``choices[i]`` of a completions answer; the two token-id sources must agree."""
+    from_logprobs = [int(t.split(":", 1)[1]) for t in choice["logprobs"]["tokens"]]
+    token_ids = choice.get("token_ids") or from_logprobs
+    if token_ids != from_logprobs:
+        raise VLLMServerError(f"vLLM returned inconsistent token ids: {token_ids[:8]} vs {from_logprobs[:8]}")
+    finish = choice["finish_reason"]
+    if finish not in ("stop", "length"):
+        raise VLLMServerError(f"vLLM finished a completion with {finish!r} (expected 'stop' or 'length')")
+    return Generation(token_ids, [float(x) for x in choice["logprobs"]["token_logprobs"]], finish)
+
+
+class VLLMServerEngine:
+    """``RolloutEngine`` backed by a running vLLM server (``trl-gptoss vllm-serve`` or ``VLLMServer``).
+
+    ``model``: the served model id (default: the only one ``/v1/models`` lists). ``timeout``: read timeout of
+    one HTTP call in seconds; ``connect_timeout`` for opening a connection; ``max_retries`` extra attempts,
+    ``backoff * 2**i`` seconds apart. A call therefore fails within about
+    ``(max_retries + 1) * (connect_timeout + timeout) + backoff * 2**max_retries`` seconds.
+    ``max_concurrency``: requests in flight at once from this process (the thread pool's size).
+    """
+
+    def __init__(self, base_url: str, model: str | None = None, *, timeout: float = 300.0,
+                 connect_timeout: float = 5.0, max_retries: int = 3, backoff: float = 0.5,
+                 max_concurrency: int = 64):
+        if max_retries < 0 or timeout <= 0 or connect_timeout <= 0:
+            raise ValueError("max_retries must be >= 0 and the timeouts > 0")
+        self.base_url = base_url.rstrip("/")
+        self.timeout, self.connect_timeout = timeout, connect_timeout
+        self.max_retries, self.backoff = max_retries, backoff
+        self._local = threading.local()
+        self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="vllm-http")
+        served = self.request("GET", "/v1/models")["data"]
+        if model is None and len(served) != 1:
+            raise ValueError(f"{self.base_url} serves {[m['id'] for m in served]}; pass model=")
+        entry = served[0] if model is None else next((m for m in served if m["id"] == model), None)
+        if entry is None:
+            raise ValueError(f"{self.base_url} does not serve {model!r}; it serves {[m['id'] for m in served]}")
+        self.model = entry["id"]
+        self.max_model_len = int(entry["max_model_len"])
+        self._weight_sync = None
+
+    # -- HTTP -------------------------------------------------------------------------------------------
+    def _session(self) -> requests.Session:
+        if not hasattr(self._local, "session"):
+            self._local.session = requests.Session()
+        return self._local.session
+
+    def request(self, method: str, path: str, payload: dict | None = None, *, timeout: float | None = None):
+        """One JSON call with retries; returns the decoded body (``None`` when empty)."""
+        url = f"{self.base_url}{path}"
+        last_error = None
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            try:
+                response = self._session().request(method, url, json=payload,
+                                                   timeout=(self.connect_timeout, timeout or self.timeout))
+            except (requests.ConnectionError, requests.Timeout) as exc:
+                last_error = f"{type(exc).__name__}: {exc}"
+                self._local.__dict__.pop("session", None)  # a broken keep-alive connection is not reused
+                continue
+            if response.status_code >= 500:
+                last_error = f"HTTP {response.status_code}: {response.text[:500]}"
+                continue
+            if response.status_code >= 400:
+                _raise_client_error(url, response)
+            return response.json() if response.content else None
+        raise VLLMServerError(f"vLLM server at {url} failed after {self.max_retries + 1} attempts: {last_error}")
+
+    def health(self) -> bool:
+        """``True`` when ``/health`` answers 200 within ``connect_timeout`` (no retries)."""
+        try:
+            return self._session().get(f"{self.base_url}/health", timeout=self.connect_timeout).status_code == 200
+        except requests.RequestException:
+            return False
+
+    # -- RolloutEngine ----------------------------------------------------------------------------------
+    def generate_sync(self, request: GenerationRequest) -> Generation:
+        total = len(request.prompt_ids) + request.max_new_tokens
+        if total > self.max_model_len:
+            raise ValueError(f"prompt ({len(request.prompt_ids)} tokens) + max_new_tokens "
+                             f"({request.max_new_tokens}) = {total} exceeds max_model_len={self.max_model_len}")
+        answer = self.request("POST", "/v1/completions", completion_payload(self.model, request))
+        (choice,) = answer["choices"]
+        return generation_from_choice(choice)
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self.generate_sync, request)
+
+    def push_weights(self, model) -> None:
+        """Make the server sample from ``model``'s current parameters (every tensor; see ``weight_sync_vllm``)."""
+        from trl_gptoss.rollout.weight_sync_vllm import weight_pusher_for
+
+        if self._weight_sync is None:
+            self._weight_sync = weight_pusher_for(self)
+        self._weight_sync.push(model)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._weight_sync is not None:
+            self._weight_sync.close()
+
+
+def _raise_client_error(url: str, response) -> None:
+    detail = response.text[:1000]
+    if response.status_code == 400 and "max" in detail and ("context" in detail or "length" in detail):
+        raise ValueError(f"vLLM server at {url} rejected the request as too long: {detail}")
+    raise VLLMServerError(f"vLLM server at {url} answered HTTP {response.status_code}: {detail}")

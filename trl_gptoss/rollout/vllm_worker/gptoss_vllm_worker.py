@@ -1,0 +1,122 @@
+"""vLLM worker extension that applies a GPT-OSS weight push to EVERY parameter (runs inside the vLLM worker).
+
+Imported by vLLM (``--worker-extension-cls gptoss_vllm_worker.GptOssWeightSyncExtension``) in the server's own
+interpreter, which has neither trl_gptoss nor our transformers: this file imports only torch, safetensors and
+vLLM. Its methods are mixed into the worker class and called over ``/collective_rpc`` (dev mode).
+
+Why not just ``model_runner.reload_weights``: vLLM's layerwise reload parks every layer's tensors on the meta
+device and only re-materialises layers whose parameter ``weight_loader`` was called. GPT-OSS's ``load_weights``
+writes the attention sinks and the expert tensors with a plain ``param.copy_`` (no ``weight_loader``), so during
+a reload those writes land on meta tensors and are lost: the server keeps the OLD sinks and experts (measured:
+sinks 1.5e-2, experts 1.29 off). And the CPU MoE kernel re-packs w13/w2 into its grouped-GEMM layout only when
+the model is first loaded (``_setup_kernel`` skips it on weight updates), so experts written in place must be
+re-packed here. So: non-sink, non-expert tensors go through ``reload_weights`` (which re-runs each layer's
+weight processing, e.g. the oneDNN packing of Linear weights), then sinks and experts through ``load_weights``
+into the live parameters, then expert weights are re-packed with the kernel's own ISA.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load as load_safetensors_bytes
+from safetensors.torch import load_file
+
+_LAYER_RE = re.compile(r"^(model\.layers\.\d+)\.")
+
+
+def loads_directly(name: str) -> bool:
+    """Checkpoint tensors that ``reload_weights`` silently drops (see the module docstring)."""
+    return name.endswith(".self_attn.sinks") or ".mlp.experts." in name
+
+
+def _read_source(source: str) -> dict[str, torch.Tensor]:
+    spec = json.loads(source)
+    if "path" in spec:
+        return load_file(spec["path"])
+    return load_safetensors_bytes(base64.b64decode(spec["b64"]))
+
+
+def _checkpoint_dir(model: str) -> Path:
+    if Path(model).is_dir():
+        return Path(model)
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(model, local_files_only=True))
+
+
+class GptOssWeightSyncExtension:
+    """Methods added to vLLM's worker; ``self`` is the worker (``self.model_runner``, ``self.vllm_config``)."""
+
+    def gptoss_checkpoint_layout(self) -> dict:
+        """``{checkpoint name: shape}`` of the served checkpoint (from the safetensors headers, no tensor read):
+        what a push must contain, name for name and shape for shape."""
+        layout = {}
+        for file in sorted(_checkpoint_dir(self.vllm_config.model_config.model).glob("*.safetensors")):
+            with safe_open(str(file), "pt") as handle:
+                for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    layout[name] = list(handle.get_slice(name).get_shape())
+        return {"layout": layout, "dtype": str(self.vllm_config.model_config.dtype).removeprefix("torch.")}
+
+    def gptoss_load_weights(self, source: str) -> dict:
+        """Apply one group of checkpoint-format tensors; ``source`` is JSON ``{"path": safetensors file}`` or
+        ``{"b64": base64 safetensors bytes}``. Returns the names applied by each route."""
+        tensors = _read_source(source)
+        reload = [(n, t) for n, t in tensors.items() if not loads_directly(n)]
+        direct = [(n, t) for n, t in tensors.items() if loads_directly(n)]
+        if reload:
+            self.model_runner.reload_weights(weights_iterator=iter(reload), is_checkpoint_format=True)
+        repacked = self._gptoss_load_direct(direct) if direct else []
+        return {"reloaded": [n for n, _ in reload], "direct": [n for n, _ in direct], "repacked": repacked}
+
+    def gptoss_receive_direct_nccl(self, update_info: str) -> dict:
+        """GPU: receive sinks/expert tensors over the weight-transfer NCCL group (packed, as the trainer sends
+        them) and load them into the live parameters. ``update_info``: JSON ``{names, dtype_names, shapes}``."""
+        from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_consumer
+
+        info = json.loads(update_info)
+        engine = self.weight_transfer_engine
+        received = []
+        packed_nccl_broadcast_consumer(
+            iterator=((n, (s, getattr(torch, d))) for n, d, s in zip(info["names"], info["dtype_names"],
+                                                                     info["shapes"])),
+            group=engine.model_update_group, src=0,
+            post_unpack_func=lambda items: received.extend((n, t.clone()) for n, t in items),  # buffers get reused
+            buffer_size_bytes=engine.packed_buffer_size_bytes, num_buffers=engine.packed_num_buffers,
+            device=self.device)
+        torch.accelerator.synchronize()
+        repacked = self._gptoss_load_direct(received)
+        return {"direct": [n for n, _ in received], "repacked": repacked}
+
+    def _gptoss_load_direct(self, named: list[tuple[str, torch.Tensor]]) -> list[str]:
+        model = self.model_runner.get_model()
+        with torch.no_grad():
+            model.load_weights(named)
+            return _repack_experts(model, {n for n, _ in named})
+
+
+def _repack_experts(model: torch.nn.Module, names: set[str]) -> list[str]:
+    """Re-pack freshly written expert weights into the CPU MoE kernel's layout (what vLLM does once at load:
+    ``cpu_prepack_moe_weight(weight, isa)`` in ``CPUUnquantizedExperts.process_weights_after_loading``)."""
+    repacked = []
+    for layer in sorted({m.group(1) for n in names if (m := _LAYER_RE.match(n)) and ".mlp.experts." in n}):
+        for module_name, module in model.get_submodule(f"{layer}.mlp").named_modules():
+            if not hasattr(module, "w13_weight"):
+                continue
+            kernel = getattr(getattr(module.quant_method, "moe_kernel", None), "fused_experts", None)
+            isa = getattr(kernel, "isa", None)
+            if isa is None or getattr(kernel, "_use_zentorch", False):
+                continue  # not the CPU grouped-GEMM kernel: weights are used as loaded
+            from vllm._custom_ops import cpu_prepack_moe_weight
+
+            for suffix, attr in ((".gate_up_proj", "w13_weight"), (".down_proj", "w2_weight")):
+                if f"{layer}.mlp.experts{suffix}" in names:
+                    param = getattr(module, attr)
+                    param.data.copy_(cpu_prepack_moe_weight(param.data, isa))
+                    repacked.append(f"{layer}.mlp.{module_name}.{attr}")
+    return repacked
