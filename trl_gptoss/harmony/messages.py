@@ -18,6 +18,7 @@ PYTHON_TOOL_DESCRIPTION = (
     "and persist user files. Internet access for this session is UNKNOWN. Depends on the cluster.")
 ROLES = ("system", "developer", "user", "assistant", "tool")
 REASONING_EFFORTS = ("low", "medium", "high")
+_THINKING_KEYS = ("thinking", "reasoning_content", "reasoning")  # where chat dicts keep chain-of-thought
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,12 @@ class Message:
     def __post_init__(self):
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
+        if not isinstance(self.content, (str, SystemContent, DeveloperContent)):
+            raise ValueError(f"Message content must be a str, SystemContent or DeveloperContent, got "
+                             f"{type(self.content).__name__} {self.content!r}")
+        for name in ("channel", "recipient", "content_type", "name"):
+            if not isinstance(getattr(self, name), (str, type(None))):
+                raise ValueError(f"Message {name} must be a str or None, got {getattr(self, name)!r}")
         if self.role == "tool" and not self.name:
             raise ValueError("a tool message needs a name (the tool that produced it, e.g. 'functions.get_weather')")
 
@@ -110,16 +117,31 @@ def _arguments_text(arguments) -> str:
     return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
 
 
+def _text_field(item: dict, key: str) -> str | None:
+    """``item[key]`` when it is a string or absent/None; ``ValueError`` naming the field otherwise.
+
+    Falsy non-strings (``0``, ``[]``, ``False``) are refused too: treating them as "" would drop them silently.
+    """
+    value = item.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    hint = " (join the text parts into one string)" if isinstance(value, list) else ""
+    raise ValueError(f"field {key!r} must be a string or None, got {type(value).__name__} {value!r}{hint}")
+
+
 def _assistant_from_dict(item: dict) -> list[Message]:
+    content = _text_field(item, "content")
     if item.get("channel") is not None or item.get("recipient") is not None:
-        return [Message("assistant", item.get("content") or "", item.get("channel"), item.get("recipient"),
-                        item.get("content_type"))]
+        return [Message("assistant", content or "", _text_field(item, "channel"), _text_field(item, "recipient"),
+                        _text_field(item, "content_type"))]
     out = []
-    thinking = item.get("thinking") or item.get("reasoning_content") or item.get("reasoning")
+    thinking = next((text for key in _THINKING_KEYS if (text := _text_field(item, key))), None)
     if thinking:
         out.append(Message("assistant", thinking, channel="analysis"))
-    calls = item.get("tool_calls") or []
-    content = item.get("content")
+    calls = item.get("tool_calls")
+    if calls is not None and not isinstance(calls, list):
+        raise ValueError(f"field 'tool_calls' must be a list or None, got {type(calls).__name__} {calls!r}")
+    calls = calls or []
     if content:
         out.append(Message("assistant", content, channel="commentary" if calls else "final"))
     for call in calls:
@@ -135,13 +157,12 @@ def message_from_dict(item: dict) -> list[Message]:
     """Convert one chat dict to Harmony messages (an assistant dict may expand to several)."""
     if not isinstance(item, dict) or item.get("role") not in ROLES:
         raise ValueError(f"each message must be a dict with a role in {ROLES}, got {item!r}")
-    role, content = item["role"], item.get("content") or ""
-    if not isinstance(content, str):
-        raise ValueError(f"{role} message content must be a string, got {type(content).__name__}")
+    role = item["role"]
     if role == "assistant":
         return _assistant_from_dict(item)
+    content = _text_field(item, "content") or ""
     if role == "tool":
-        name = item.get("name") or item.get("tool_name")
+        name = _text_field(item, "name") or _text_field(item, "tool_name")
         if not name:
             raise ValueError("a tool message dict needs 'name' (the tool that produced the result)")
         return [Message("tool", content, channel=item.get("channel", "commentary"),

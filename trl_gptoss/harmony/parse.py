@@ -1,4 +1,4 @@
-"""Parse a completion's token ids back into Harmony messages and tool calls, without ever raising.
+"""Parse a completion's token ids back into Harmony messages and tool calls; no token stream makes it raise.
 
 A completion sampled after ``<|start|>assistant`` starts inside the first message's header. Messages end
 with ``<|end|>``, ``<|call|>`` or ``<|return|>``; the next one must open with ``<|start|>``. The header
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 from dataclasses import dataclass, field
 
 from trl_gptoss.harmony.codec import codec_for
@@ -151,10 +152,11 @@ class _CompletionParser:
         self.state, self.role, self.header, self.msg_start = "header", role, [], position
 
     def feed(self, position: int, token) -> None:
-        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < self.codec.vocab_size:
+        token_id = _token_id(token)
+        if token_id is None or not 0 <= token_id < self.codec.vocab_size:
             self.fail("invalid_token", f"token {token!r} is not an id of this vocabulary", position)
             return
-        getattr(self, f"_on_{self.state}")(position, token)
+        getattr(self, f"_on_{self.state}")(position, token_id)
 
     def _on_expect_start(self, position: int, token: int) -> None:
         if token == self.start_id:
@@ -221,18 +223,54 @@ class _CompletionParser:
 def parse_completion(token_ids, tokenizer=None, *, role: str | None = "assistant") -> ParsedCompletion:
     """Parse completion token ids (sampled after ``<|start|>assistant``) into messages and tool calls.
 
-    ``role=None`` parses a stream that begins with ``<|start|>`` (a whole rendered conversation).
-    ``tokenizer`` defaults to the real GPT-OSS tokenizer. Never raises on bad token streams: problems are
-    reported in ``.error`` / ``.errors``; a tool call is only reported for a message that reached its stop token.
+    ``token_ids``: ONE completion, a sequence of integer ids of any integer type (``list[int]``, numpy
+    integers, a 1-D integer ``torch.Tensor`` or numpy array). ``role=None`` parses a stream that begins with
+    ``<|start|>`` (a whole rendered conversation). ``tokenizer`` defaults to the real GPT-OSS tokenizer.
+
+    Never raises on bad token streams: an element that is not an id of the vocabulary is an
+    ``invalid_token`` error, and problems are reported in ``.error`` / ``.errors``; a tool call is only
+    reported for a message that reached its stop token. A ``token_ids`` that is not one sequence of ids
+    (``None``, a string, a 2-D tensor or a batch of lists, a float tensor) is a programming error, not a
+    completion: ``TypeError``/``ValueError`` saying what to pass.
     """
     tokenizer = _real_tokenizer() if tokenizer is None else tokenizer
     if role is not None and role not in ROLES:
         raise ValueError(f"role must be one of {ROLES} or None, got {role!r}")
+    tokens = _token_list(token_ids)
     parser = _CompletionParser(codec_for(tokenizer), role)
-    tokens = token_ids.tolist() if hasattr(token_ids, "tolist") else list(token_ids)
     for position, token in enumerate(tokens):
         parser.feed(position, token)
     return parser.finish(len(tokens))
+
+
+_WHAT_TO_PASS = "pass one completion's ids: a list of ints, or a 1-D integer torch.Tensor / numpy array"
+
+
+def _token_list(token_ids) -> list:
+    """One completion's ids as a list (elements unchecked: the parser reports bad ones as ``invalid_token``)."""
+    if token_ids is None or isinstance(token_ids, (str, bytes, dict)) or not hasattr(token_ids, "__iter__"):
+        raise TypeError(f"token_ids must be a sequence of token ids, got {type(token_ids).__name__}; {_WHAT_TO_PASS}")
+    dtype = str(getattr(token_ids, "dtype", "int"))
+    if "int" not in dtype:
+        raise TypeError(f"token_ids must hold integer ids, got dtype {dtype}; {_WHAT_TO_PASS}")
+    ndim = getattr(token_ids, "ndim", 1)
+    if ndim != 1:
+        shape = tuple(getattr(token_ids, "shape", ()))
+        raise ValueError(f"token_ids must be 1-D, got shape {shape}; parse each row (one completion) separately")
+    tokens = token_ids.tolist() if hasattr(token_ids, "tolist") else list(token_ids)
+    if any(isinstance(t, (list, tuple)) or getattr(t, "ndim", 0) for t in tokens):
+        raise ValueError(f"token_ids holds sequences (a batch?); {_WHAT_TO_PASS}, one call per completion")
+    return tokens
+
+
+def _token_id(token) -> int | None:
+    """``token`` as an int when it is one of any integer type (numpy, 0-d tensor); ``None`` otherwise."""
+    if isinstance(token, bool) or "bool" in str(getattr(token, "dtype", "")):
+        return None
+    try:
+        return operator.index(token)
+    except TypeError:
+        return None
 
 
 @functools.lru_cache(maxsize=1)

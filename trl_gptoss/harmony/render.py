@@ -120,16 +120,23 @@ def render_message(message: Message, tokenizer, *, has_function_tools: bool = Fa
 
 
 def _split_instructions(conversation):
+    """System/developer dicts → instruction texts; everything else → Messages. Errors name the index."""
+    if isinstance(conversation, (str, bytes, dict)) or not hasattr(conversation, "__iter__"):
+        raise ValueError(f"a conversation is a list of message dicts or Messages, got {type(conversation).__name__}")
     instructions, body = [], []
-    for item in conversation:
-        if isinstance(item, Message):
-            body.append(item)
-        elif isinstance(item, dict) and item.get("role") in ("system", "developer"):
-            if not isinstance(item.get("content"), str):
-                raise ValueError(f"{item.get('role')} message content must be a string")
-            instructions.append(item["content"])
-        else:
-            body.extend(message_from_dict(item))
+    for index, item in enumerate(conversation):
+        try:
+            if isinstance(item, Message):
+                body.append(item)
+            elif isinstance(item, dict) and item.get("role") in ("system", "developer"):
+                if not isinstance(item.get("content"), str):
+                    raise ValueError(f"field 'content' of a {item['role']} message must be a string, "
+                                     f"got {item.get('content')!r}")
+                instructions.append(item["content"])
+            else:
+                body.extend(message_from_dict(item))
+        except ValueError as exc:
+            raise ValueError(f"conversation[{index}]: {exc}") from None
     return instructions, body
 
 
