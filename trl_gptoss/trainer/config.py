@@ -39,6 +39,8 @@ class GptOssGRPOConfig(GRPOConfig):
         default=None,
         metadata={"help": "Base URL of a running vLLM server (e.g. http://127.0.0.1:8000). None starts one on "
                           "this machine serving the model (vllm_server backend only)."})
+    rollout_max_model_len: int = field(
+        default=4096, metadata={"help": "Context length (prompt + completion) of a vLLM server the trainer starts."})
     rollout_server_timeout: float = field(
         default=600.0, metadata={"help": "Seconds to wait for the vLLM server to answer (start-up included)."})
     max_turns: int = field(

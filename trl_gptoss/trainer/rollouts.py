@@ -34,16 +34,17 @@ def build_tools(names: list[str]) -> list:
     return [registry[name]() for name in names]
 
 
-def rollout_config(args, step: int, process_index: int, max_turns: int | None = None) -> RolloutConfig:
+def rollout_config(args, step: int, process_index: int, system=None) -> RolloutConfig:
     """Sampling settings of one generation round. The seed differs per optimizer step and per process (so
     processes never sample the same continuations) and is reproducible from ``args.seed``."""
     return RolloutConfig(
-        max_turns=max_turns or args.max_turns,
+        max_turns=args.max_turns,
         max_completion_tokens=args.max_completion_length,
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k if args.top_k and args.top_k > 0 else -1,
         seed=derive_seed(args.seed, step, process_index),
+        system=system,
     )
 
 
@@ -94,12 +95,16 @@ class RolloutBackend:
         base = base.merge_and_unload() if hasattr(base, "merge_and_unload") else base
         base.save_pretrained(path, safe_serialization=True)
         tokenizer.save_pretrained(path)
-        self.server = VLLMServer(path, max_model_len=_server_context(args), startup_timeout=args.rollout_server_timeout)
+        self.server = VLLMServer(path, max_model_len=args.rollout_max_model_len,
+                                 startup_timeout=args.rollout_server_timeout)
         self.server.start()
         logger.info("started a vLLM rollout server at %s", self.server.base_url)
         return self.server.base_url
 
     def close(self) -> None:
+        close_engine = getattr(self.engine, "close", None)
+        if callable(close_engine):
+            close_engine()
         if self.server is not None:
             self.server.stop()
             self.server = None
@@ -107,10 +112,6 @@ class RolloutBackend:
             with contextlib.suppress(OSError):
                 self._tmp.cleanup()
             self._tmp = None
-
-
-def _server_context(args) -> int:
-    return int(getattr(args, "rollout_max_model_len", 0) or 4096)
 
 
 def rollouts_to_trl(rollouts: list[Rollout]) -> dict:

@@ -68,7 +68,8 @@ class GptOssGRPOTrainer(GRPOTrainer):
     ``model``: a model id/path (loaded with ``args.attn_implementation`` / ``args.experts_implementation``) or
     a ``GptOssForCausalLM`` (switched to them). ``reward_funcs`` follow TRL's signature and also receive the
     columns ``final_answer``, ``messages``, ``num_turns``, ``num_tool_calls``, ``num_tool_errors``,
-    ``stop_reason``. ``tools`` overrides ``args.tool_names`` with tool instances.
+    ``stop_reason``. ``tools`` overrides ``args.tool_names`` with tool instances; ``rollout_system`` (a
+    ``trl_gptoss.harmony.SystemContent``) replaces Harmony's default system message in every prompt.
     """
 
     _tag_names = ["trl", "grpo", "gpt-oss", "trl-gptoss"]
@@ -77,7 +78,7 @@ class GptOssGRPOTrainer(GRPOTrainer):
               "id": "2402.03300", "citation": _CITATION}
 
     def __init__(self, model, reward_funcs, args: GptOssGRPOConfig | None = None, train_dataset=None,
-                 processing_class=None, tools=None, **kwargs):
+                 processing_class=None, tools=None, rollout_system=None, **kwargs):
         args = args if args is not None else GptOssGRPOConfig("trl-gptoss-grpo")
         if not isinstance(args, GptOssGRPOConfig):
             raise ValueError(f"args must be a GptOssGRPOConfig, got {type(args).__name__}")
@@ -91,6 +92,7 @@ class GptOssGRPOTrainer(GRPOTrainer):
         if args.sp_size > 1:
             raise NotImplementedError("sp_size > 1 is not wired into GptOssGRPOTrainer yet; use sp_size=1")
         self.rollout_tools = list(tools) if tools is not None else build_tools(args.tool_names)
+        self.rollout_system = rollout_system
         self.rollout_backend = RolloutBackend(args, self.accelerator.unwrap_model(self.model), self._tokenizer)
         self.rollout_func = self._rollout_batch
         self._pushed_step = None  # global step whose weights the engine holds (None: not pushed yet)
@@ -113,7 +115,8 @@ class GptOssGRPOTrainer(GRPOTrainer):
         from trl_gptoss.rollout.loop import run_rollouts
 
         self._push_weights_if_stale()
-        config = rollout_config(self.args, self.state.global_step, self.accelerator.process_index)
+        config = rollout_config(self.args, self.state.global_step, self.accelerator.process_index,
+                                system=self.rollout_system)
         rollouts = run_rollouts(self.rollout_backend.engine, prompts, tokenizer=self._tokenizer,
                                 tools=self.rollout_tools, config=config)
         self._last_rollouts = rollouts
