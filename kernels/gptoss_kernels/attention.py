@@ -1,8 +1,11 @@
 """Public sink attention: validate once, pick a backend, log the choice once per backend.
 
 ``backend="auto"``: FA4 (``flash-attn-4`` on SM90+, when it supports the case) -> the package's Triton
-kernel (CUDA, packed layout; batched ``Tq == Tk`` is flattened to it) -> the chunked PyTorch path
-(CPU, and the CUDA fallback for decoding layouts ``Tq < Tk`` that the Triton kernel does not take).
+kernel (CUDA; batched inputs, ``Tq <= Tk``, are flattened to its packed layout) -> the chunked PyTorch
+path (CPU, float64, head_dim > 128, and padding masks with holes; under ``auto`` its full-causal batched
+fp32/fp64 CPU calls run torch's fused CPU flash kernel plus a sink rescale, ``fused_cpu.py``, with torch
+SDPA's memory). What Triton can run is decided by one rule, ``validation.triton_unsupported``, which the
+Triton entry point applies too.
 Explicit ``"fa4" | "triton" | "chunked" | "reference"`` force one; a forced backend that cannot run the
 case raises ``ValueError`` instead of silently falling back.
 """
@@ -15,6 +18,7 @@ import torch
 
 from gptoss_kernels.chunked import DEFAULT_Q_CHUNK, _check_tuning, _run_chunked
 from gptoss_kernels.fa4 import fa4_available, fa4_supports, sink_attention_fa4
+from gptoss_kernels.fused_cpu import fused_cpu_supports, sink_attention_fused_cpu
 from gptoss_kernels.reference import sink_attention_ref
 from gptoss_kernels.validation import check_sink_attention_inputs, triton_unsupported
 
@@ -57,11 +61,15 @@ def select_backend(q, k, cu_seqlens, window, backend="auto", key_mask=None):
 
 
 def _to_packed(q, k, v):
-    """Batched ``[B, T, H, D]`` with ``Tq == Tk`` -> packed ``[B*T, H, D]`` plus its int32 cu_seqlens."""
-    batch, seqlen = q.shape[:2]
-    cu_seqlens = (torch.arange(batch + 1, device=q.device) * seqlen).to(torch.int32)
-    flat = [t.reshape(batch * seqlen, *t.shape[2:]) for t in (q, k, v)]
-    return (*flat, cu_seqlens, seqlen)
+    """Batched ``[B, Tq, H, D]`` / ``[B, Tk, H, D]`` -> packed ``[B*T, H, D]`` plus int32 cu_seqlens of the
+    queries and of the keys (the same tensor when ``Tq == Tk``)."""
+    batch, tq, tk = q.shape[0], q.shape[1], k.shape[1]
+    rows = torch.arange(batch + 1, device=q.device)
+    cu_q = (rows * tq).to(torch.int32)
+    cu_k = cu_q if tk == tq else (rows * tk).to(torch.int32)
+    flat_q = q.reshape(batch * tq, *q.shape[2:])
+    flat_k, flat_v = (t.reshape(batch * tk, *t.shape[2:]) for t in (k, v))
+    return flat_q, flat_k, flat_v, cu_q, cu_k
 
 
 def _run_triton(q, k, v, sinks, cu_seqlens, info, max_seqlen, window, scale):
@@ -73,8 +81,8 @@ def _run_triton(q, k, v, sinks, cu_seqlens, info, max_seqlen, window, scale):
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     if info is not None:
         return run_sink_attention_triton(q, k, v, sinks, cu_seqlens, max_seqlen or info.longest, window, scale)
-    qp, kp, vp, cu, seqlen = _to_packed(q, k, v)
-    out = run_sink_attention_triton(qp, kp, vp, sinks, cu, seqlen, window, scale)
+    qp, kp, vp, cu_q, cu_k = _to_packed(q, k, v)
+    out = run_sink_attention_triton(qp, kp, vp, sinks, cu_q, q.shape[1], window, scale, None, cu_k, k.shape[1])
     return out.view(q.shape)
 
 
@@ -110,6 +118,9 @@ def sink_attention(q, k, v, sinks, *, cu_seqlens=None, max_seqlen=None, window=N
                                   scale=scale, key_mask=key_mask)
     if chosen == "chunked":
         scale = _check_tuning(DEFAULT_Q_CHUNK, None, scale, q.shape[-1])
+        if backend == "auto" and fused_cpu_supports(q, k, cu_seqlens, window, key_mask) is None:
+            # full causal layers: torch's fused CPU flash kernel + sink rescale, SDPA's memory (fused_cpu.py)
+            return sink_attention_fused_cpu(q, k, v, sinks, scale=scale)
         layout = ("packed", info.bounds) if info is not None else ("batched", q.shape[1], k.shape[1])
         return _run_chunked(q, k, v, sinks, layout, cu_seqlens, window, scale, key_mask, DEFAULT_Q_CHUNK, None,
                             False)

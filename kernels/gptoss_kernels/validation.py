@@ -147,6 +147,30 @@ def check_sink_attention_inputs(q, k, v, sinks, *, cu_seqlens=None, max_seqlen=N
     return info
 
 
+def check_cross_lengths(q, k, v, sinks, cu_seqlens, max_seqlen, cu_seqlens_k, max_seqlen_k, window):
+    """Packed queries ``[total_q, Hq, D]`` over longer packed key documents ``[total_k, Hkv, D]``: the same
+    number of documents, each with at least as many keys as queries (its queries are its last positions)."""
+    _check_tensors(q, k, v, 3, "[total, H, D] with cu_seqlens")
+    _check_sinks(sinks, q.shape[-2], q.device)
+    check_window(window)
+    for name, cu in (("cu_seqlens", cu_seqlens), ("cu_seqlens_k", cu_seqlens_k)):
+        if cu.device != q.device:
+            raise ValueError(f"{name} is on {cu.device} but q is on {q.device}; move it to q's device")
+    info_q = cu_seqlens_info(cu_seqlens, q.shape[0])
+    info_k = cu_seqlens_info(cu_seqlens_k, k.shape[0])
+    if len(info_q.bounds) != len(info_k.bounds):
+        raise ValueError(f"cu_seqlens and cu_seqlens_k must describe the same number of documents, got "
+                         f"{len(info_q.bounds) - 1} and {len(info_k.bounds) - 1}")
+    pairs = zip(zip(info_q.bounds, info_q.bounds[1:]), zip(info_k.bounds, info_k.bounds[1:]))
+    if any(qb - qa > kb - ka for (qa, qb), (ka, kb) in pairs):
+        raise ValueError("every document needs at least as many keys as queries (queries are its last "
+                         "positions): cu_seqlens_k lengths must be >= cu_seqlens lengths")
+    for name, value, info in (("max_seqlen", max_seqlen, info_q), ("max_seqlen_k", max_seqlen_k, info_k)):
+        if value is None or value < info.longest:
+            raise ValueError(f"{name} must be an int >= the longest document ({info.longest}), got {value!r}")
+    return info_q, info_k
+
+
 def triton_unsupported(q, k, cu_seqlens, key_mask=None, interpreter_ok=False) -> str | None:
     """None when the Triton kernel can run this case, else why not. The one rule for dispatch and launchers.
 
@@ -156,11 +180,8 @@ def triton_unsupported(q, k, cu_seqlens, key_mask=None, interpreter_ok=False) ->
         return "tensors are not on CUDA (on CPU, backend='triton' needs TRITON_INTERPRET=1 set before import)"
     if key_mask is not None:
         return "a key_mask (padding holes) is taken by the chunked path"
-    if cu_seqlens is None and q.shape[1] != k.shape[1]:
-        return f"batched Tq={q.shape[1]} < Tk={k.shape[1]} (decoding) is not a packed layout"
     if q.dtype not in _TRITON_DTYPES:
         return f"the Triton kernel takes fp16/bf16/fp32, not {q.dtype}"
-    head_dim = q.shape[-1]
-    if head_dim < 16 or head_dim > TRITON_MAX_HEAD_DIM or head_dim & (head_dim - 1):
-        return f"the Triton kernel takes power-of-two head_dim in [16, {TRITON_MAX_HEAD_DIM}], not {head_dim}"
+    if q.shape[-1] > TRITON_MAX_HEAD_DIM:
+        return f"the Triton kernel takes head_dim <= {TRITON_MAX_HEAD_DIM}, not {q.shape[-1]}"
     return None

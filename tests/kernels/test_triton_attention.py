@@ -56,6 +56,10 @@ CASES = {
     "sink30-only-sink-matters": Case((3, 21), 2, 1, window=4, sink_low=30.0, sink_high=30.0),
     "sink-minus-inf-is-plain-attention": Case((1, 26), 2, 1, window=6, blocks=(16, 32),
                                               sink_low=float("-inf"), sink_high=float("-inf")),
+    # head_dim that is not a power of two: tiles of the next power of two, zero-padded inside the kernels
+    "d24-T45-win11-gqa2": Case((45,), 4, 2, d=24, window=11),
+    "d80-varlen-full-gqa4": Case((19, 0, 33), 4, 1, d=80, blocks=(16, 32)),
+    "d8-below-16-T30-win5": Case((30,), 2, 2, d=8, window=5),
 }
 LOWP_CASES = {
     "bf16-T37-full-gqa2-d64": (Case((37,), 4, 2, d=64), torch.bfloat16),
@@ -252,10 +256,12 @@ def _valid_args(**overrides):
 BAD_INPUTS = {
     "float64": (dict(q=torch.randn(10, 4, 16, dtype=torch.float64), k=torch.randn(10, 2, 16, dtype=torch.float64),
                      v=torch.randn(10, 2, 16, dtype=torch.float64)), "takes fp16/bf16/fp32"),
-    "head-dim-48": (dict(q=torch.randn(10, 4, 48), k=torch.randn(10, 2, 48), v=torch.randn(10, 2, 48)),
-                    "power-of-two head_dim"),
     "head-dim-256": (dict(q=torch.randn(10, 4, 256), k=torch.randn(10, 2, 256), v=torch.randn(10, 2, 256)),
-                     "power-of-two head_dim"),
+                     "head_dim <= 128"),
+    "cu-seqlens-k-shorter-than-queries": (dict(cu_seqlens_k=torch.tensor([0, 3, 10], dtype=torch.int32),
+                                               max_seqlen_k=7), "at least as many keys as queries"),
+    "cu-seqlens-k-other-doc-count": (dict(cu_seqlens_k=torch.tensor([0, 10], dtype=torch.int32), max_seqlen_k=10),
+                                     "same number of documents"),
     "batched-layout": (dict(q=torch.randn(1, 10, 4, 16), cu_seqlens=None), "cu_seqlens"),
     "max-seqlen-too-small": (dict(max_seqlen=5), "max_seqlen"),
     "max-seqlen-float": (dict(max_seqlen=6.0), "max_seqlen"),
@@ -291,7 +297,8 @@ def test_cpu_tensors_without_the_interpreter_raise_value_error():
 
 
 AOT_TARGETS = {"sm90-bf16-window128": ["--arch", "90", "--dtype", "bf16", "--window", "128"],
-               "sm80-fp16-full": ["--arch", "80", "--dtype", "fp16"]}
+               "sm80-fp16-full": ["--arch", "80", "--dtype", "fp16"],
+               "sm90-bf16-d80-padded": ["--arch", "90", "--dtype", "bf16", "--head-dim", "80"]}
 
 
 @pytest.mark.slow

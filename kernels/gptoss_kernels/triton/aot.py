@@ -22,7 +22,7 @@ from triton.compiler import ASTSource
 
 from gptoss_kernels.triton.backward import _sink_attention_bwd_dkdv_kernel, _sink_attention_bwd_dq_kernel
 from gptoss_kernels.triton.forward import _sink_attention_fwd_kernel
-from gptoss_kernels.triton.launchers import INTERPRETED, kernel_meta, launch_config
+from gptoss_kernels.triton.launchers import INTERPRETED, kernel_meta, launch_config, padded_head_dim
 from gptoss_kernels.triton.preprocess import _sink_attention_bwd_preprocess_kernel
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -37,7 +37,7 @@ def _signature(kernel, dtype_name, constexprs):
             signature[name] = "constexpr"
         elif name in _FP32_POINTERS:
             signature[name] = "*fp32"
-        elif name == "CU_SEQLENS":
+        elif name in ("CU_SEQLENS", "CU_SEQLENS_K"):
             signature[name] = "*i32"
         elif name.isupper():
             signature[name] = f"*{dtype_name}"
@@ -62,13 +62,13 @@ def compile_all(arch=90, dtype="bf16", window=None, num_heads=64, num_kv_heads=8
     records = []
     for backward, kernels in ((False, (_sink_attention_fwd_kernel,)),
                               (True, (_sink_attention_bwd_dq_kernel, _sink_attention_bwd_dkdv_kernel))):
-        config = launch_config("cuda", head_dim, backward=backward, dtype=_DTYPES[dtype])
+        config = launch_config("cuda", padded_head_dim(head_dim), backward=backward, dtype=_DTYPES[dtype])
         meta = kernel_meta(_DTYPES[dtype], num_heads // num_kv_heads, head_dim, window is not None, config)
         options = {key: meta.pop(key) for key in ("num_warps", "num_stages")}
         for kernel in kernels:
             heads = {"NUM_KV_HEADS": num_kv_heads} if "NUM_KV_HEADS" in kernel.arg_names else {"NUM_HEADS": num_heads}
             records.append(_compile(kernel, dtype, {**meta, **heads}, options, arch))
-    preprocess = {"HEAD_DIM": head_dim, "BLOCK_T": 64}
+    preprocess = {"HEAD_DIM": padded_head_dim(head_dim), "BLOCK_T": 64}
     records.append(_compile(_sink_attention_bwd_preprocess_kernel, dtype, preprocess, {"num_warps": 4}, arch))
     return records
 

@@ -1,9 +1,13 @@
 """Triton helpers shared by the forward and backward sink-attention kernels.
 
-Index conventions (all kernels): positions are relative to the start of one packed document, so query row
-``i`` may attend to key ``j`` iff ``j <= i`` (causal) and, with a window ``W``, ``j > i - W`` (the last W
-keys including self, the GPT-OSS convention). Scores live in the base-2 domain, ``s2 = scale*log2(e)*q.k``,
-so the softmax uses ``exp2``; log-sum-exps are converted back to natural log only at the boundary.
+Index conventions (all kernels): positions are relative to the start of one packed document. A document
+has ``len_k`` keys and ``len_q <= len_k`` queries, the last ``len_q`` positions (decoding with a KV cache,
+chunked prefill; ``len_q == len_k`` for training), so query row ``m`` sits at key position
+``m + off`` with ``off = len_k - len_q``. It may attend to key ``j`` iff ``j <= m + off`` (causal) and, with a
+window ``W``, ``j > m + off - W`` (the last W keys including self, the GPT-OSS convention). Scores live in
+the base-2 domain, ``s2 = scale*log2(e)*q.k``, so the softmax uses ``exp2``; log-sum-exps are converted back
+to natural log only at the boundary. ``HEAD_DIM`` is the power of two the tiles use; a smaller real
+``head_dim`` (``D_MASK``) is padded with zeros on load and never stored, which changes no dot product.
 """
 
 from __future__ import annotations
@@ -30,18 +34,34 @@ def _dot(a, b, F32_DOT: tl.constexpr):
 
 
 @triton.jit
-def _allowed(offs_m, offs_n, seq_len, window, HAS_WINDOW: tl.constexpr):
-    """Boolean ``[BLOCK_M, BLOCK_N]`` tile: query ``offs_m`` may see key ``offs_n`` inside one document."""
-    keep = (offs_n[None, :] <= offs_m[:, None]) & (offs_m[:, None] < seq_len)
+def _load(ptrs, row_ok, d_ok, ROW_MASK: tl.constexpr, D_MASK: tl.constexpr):
+    """``tl.load`` of a tile with zeros outside the valid rows (``ROW_MASK``) and the real head dim
+    (``D_MASK``); ``row_ok`` and ``d_ok`` are already shaped to broadcast against ``ptrs``."""
+    if ROW_MASK and D_MASK:
+        return tl.load(ptrs, mask=row_ok & d_ok, other=0.0)
+    elif ROW_MASK:
+        return tl.load(ptrs, mask=row_ok, other=0.0)
+    elif D_MASK:
+        return tl.load(ptrs, mask=d_ok, other=0.0)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
+def _allowed(pos_m, offs_n, seq_len, window, HAS_WINDOW: tl.constexpr):
+    """Boolean ``[BLOCK_M, BLOCK_N]`` tile: the query at key position ``pos_m`` may see key ``offs_n`` inside
+    one document of ``seq_len`` keys (rows at or past ``seq_len`` are padding of the block)."""
+    keep = (offs_n[None, :] <= pos_m[:, None]) & (pos_m[:, None] < seq_len)
     if HAS_WINDOW:
-        keep = keep & (offs_n[None, :] > offs_m[:, None] - window)
+        keep = keep & (offs_n[None, :] > pos_m[:, None] - window)
     return keep
 
 
 @triton.jit
 def _key_range(start_m, seq_len, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                HAS_WINDOW: tl.constexpr):
-    """Key tiles for the query block ``[start_m, start_m + BLOCK_M)``, split ``lo <= full_lo <= full_hi <= hi``.
+    """Key tiles for the query block at key positions ``[start_m, start_m + BLOCK_M)`` of a document of
+    ``seq_len`` keys, split ``lo <= full_lo <= full_hi <= hi``.
 
     ``[lo, hi)`` is the causal/window band: loop bounds, not masks, skip every tile outside it. Tiles in
     ``[full_lo, full_hi)`` are entirely visible to every row of the block (all keys ``<= start_m``, and
@@ -59,31 +79,33 @@ def _key_range(start_m, seq_len, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
 
 
 @triton.jit
-def _query_range(start_n, seq_len, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _query_range(start_n, seq_len_q, off, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  HAS_WINDOW: tl.constexpr):
-    """Query tiles that see the key block ``[start_n, start_n + BLOCK_N)``, split like ``_key_range``.
+    """Query tiles (query-row indices, tiles start at multiples of BLOCK_M) that see the key block
+    ``[start_n, start_n + BLOCK_N)``, split like ``_key_range``; query m sits at key position ``m + off``.
 
-    Key ``j`` is seen by queries ``j .. j + W - 1``: the last key reaches ``start_n + BLOCK_N + W - 2``.
-    Query tiles in ``[full_lo, full_hi)`` see every key of the block (rows ``>= start_n + BLOCK_N - 1``,
+    Key ``j`` is seen by query positions ``j .. j + W - 1``: the last key reaches ``start_n + BLOCK_N + W - 2``.
+    Query tiles in ``[full_lo, full_hi)`` see every key of the block (positions ``>= start_n + BLOCK_N - 1``,
     ``< start_n + W`` with a window, and inside the document), so they skip the mask.
     """
-    lo = start_n // BLOCK_M * BLOCK_M
-    hi = seq_len
-    full_end = seq_len
+    lo = tl.maximum(start_n - off, 0) // BLOCK_M * BLOCK_M
+    hi = seq_len_q
+    full_end = seq_len_q
     if HAS_WINDOW:
-        hi = tl.minimum(start_n + BLOCK_N + window - 1, seq_len)
-        full_end = tl.minimum(start_n + window, seq_len)
-    full_lo = tl.minimum(tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M, hi)
+        hi = tl.minimum(start_n + BLOCK_N + window - 1 - off, seq_len_q)
+        full_end = tl.minimum(start_n + window - off, seq_len_q)
+    full_lo = tl.minimum(tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - off, 0), BLOCK_M) * BLOCK_M, hi)
+    full_lo = tl.maximum(full_lo, lo)
     full_hi = tl.maximum(tl.minimum(full_end // BLOCK_M * BLOCK_M, hi), full_lo)
     return lo, full_lo, full_hi, hi
 
 
 @triton.jit
-def _allowed_t(offs_n, offs_m, seq_len, window, HAS_WINDOW: tl.constexpr):
+def _allowed_t(offs_n, pos_m, seq_len, window, HAS_WINDOW: tl.constexpr):
     """Transposed ``_allowed``: a ``[BLOCK_N, BLOCK_M]`` tile for the key-major dK/dV kernel."""
-    keep = (offs_n[:, None] <= offs_m[None, :]) & (offs_m[None, :] < seq_len)
+    keep = (offs_n[:, None] <= pos_m[None, :]) & (pos_m[None, :] < seq_len)
     if HAS_WINDOW:
-        keep = keep & (offs_n[:, None] > offs_m[None, :] - window)
+        keep = keep & (offs_n[:, None] > pos_m[None, :] - window)
     return keep
 
 

@@ -24,7 +24,6 @@ FILL_OUTPUTS_WITH_NAN = False
 # Decided when triton decorated the kernels: TRITON_INTERPRET=1 must be set before triton is imported.
 INTERPRETED = isinstance(_sink_attention_fwd_kernel, InterpretedFunction)
 
-_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _PREPROCESS_BLOCK_T = 64
 
 
@@ -68,12 +67,18 @@ def launch_config(device_type, head_dim, backward, block_sizes=None, dtype=torch
     return LaunchConfig(block_m, block_n, num_warps, 2 if backward or dtype == torch.float32 else 3)
 
 
+def padded_head_dim(head_dim):
+    """The power of two >= 16 the tiles use for ``head_dim`` (``tl.dot`` and ``tl.arange`` need it)."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
 def kernel_meta(dtype, group, head_dim, has_window, config):
     """Compile-time arguments shared by the forward, dQ and dK/dV kernels (also used by ``aot.py``)."""
+    tile_dim = padded_head_dim(head_dim)
     return {
-        "GROUP": group, "HEAD_DIM": head_dim, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
+        "GROUP": group, "HEAD_DIM": tile_dim, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
         "HAS_WINDOW": has_window, "F32_DOT": dtype == torch.float32 or INTERPRETED,
-        "BF16_RTNE": INTERPRETED and dtype == torch.bfloat16,
+        "BF16_RTNE": INTERPRETED and dtype == torch.bfloat16, "D_MASK": tile_dim != head_dim,
         "num_warps": config.num_warps, "num_stages": config.num_stages,
     }
 
@@ -82,21 +87,25 @@ def _meta(q, k, window, config):
     return kernel_meta(q.dtype, q.shape[1] // k.shape[1], q.shape[2], window is not None, config)
 
 
-def sink_attention_fwd(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_sizes=None):
-    """Forward launch. Returns ``o [total, Hq, D]`` (q's dtype), ``lse [total, Hq]`` (fp32, sink included)."""
+def sink_attention_fwd(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_sizes=None,
+                       cu_seqlens_k=None):
+    """Forward launch. Returns ``o [total_q, Hq, D]`` (q's dtype), ``lse [total_q, Hq]`` (fp32, sink
+    included). ``cu_seqlens_k`` (default ``cu_seqlens``): key documents, each at least as long as its
+    queries, which are its last positions; ``max_seqlen`` is the longest query document."""
     total, num_heads, head_dim = q.shape
     o = _new_output(q.shape, q.dtype, q.device)
     lse = _new_output((total, num_heads), torch.float32, q.device)
     n_seqs = cu_seqlens.numel() - 1
     if total == 0 or max_seqlen == 0:
         return o, lse
-    config = launch_config(q.device.type, head_dim, backward=False, block_sizes=block_sizes, dtype=q.dtype)
+    config = launch_config(q.device.type, padded_head_dim(head_dim), backward=False, block_sizes=block_sizes,
+                           dtype=q.dtype)
     sinks32 = sinks.detach().to(torch.float32).contiguous()
     grid = (n_seqs * num_heads, triton.cdiv(max_seqlen, config.block_m))
     _sink_attention_fwd_kernel[grid](
-        q, k, v, sinks32, o, lse, cu_seqlens,
+        q, k, v, sinks32, o, lse, cu_seqlens, cu_seqlens if cu_seqlens_k is None else cu_seqlens_k,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        o.stride(0), o.stride(1), lse.stride(0), scale, window or 0,
+        o.stride(0), o.stride(1), lse.stride(0), scale, window or 0, head_dim,
         NUM_HEADS=num_heads, **_meta(q, k, window, config),
     )
     return o, lse
@@ -113,34 +122,39 @@ def sink_attention_bwd_preprocess(o, do, lse, sinks):
     grid = (triton.cdiv(total, _PREPROCESS_BLOCK_T), num_heads)
     _sink_attention_bwd_preprocess_kernel[grid](
         o, do, lse, sinks32, delta, dsink_rows, total,
-        o.stride(0), o.stride(1), do.stride(0), do.stride(1), lse.stride(0),
-        HEAD_DIM=head_dim, BLOCK_T=_PREPROCESS_BLOCK_T,
+        o.stride(0), o.stride(1), do.stride(0), do.stride(1), lse.stride(0), head_dim,
+        HEAD_DIM=padded_head_dim(head_dim), BLOCK_T=_PREPROCESS_BLOCK_T,
     )
     return delta, -dsink_rows.sum(0)
 
 
-def sink_attention_bwd(q, k, v, sinks, o, lse, do, cu_seqlens, max_seqlen, window, scale, block_sizes=None):
-    """Backward launch. Returns ``dq, dk, dv`` (in q/k/v's dtype) and ``dsinks`` (in sinks' dtype)."""
+def sink_attention_bwd(q, k, v, sinks, o, lse, do, cu_seqlens, max_seqlen, window, scale, block_sizes=None,
+                       cu_seqlens_k=None, max_seqlen_k=None):
+    """Backward launch. Returns ``dq, dk, dv`` (in q/k/v's dtype) and ``dsinks`` (in sinks' dtype).
+    ``cu_seqlens_k`` / ``max_seqlen_k`` default to the query ones (self-attention)."""
     total, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
+    cu_seqlens_k = cu_seqlens if cu_seqlens_k is None else cu_seqlens_k
+    max_seqlen_k = max_seqlen if max_seqlen_k is None else max_seqlen_k
     dq = _new_output(q.shape, q.dtype, q.device)
+    delta, dsinks = sink_attention_bwd_preprocess(o, do, lse, sinks)
+    if total == 0 or max_seqlen == 0:  # no query: no key receives a gradient
+        return dq, torch.zeros_like(k), torch.zeros_like(v), dsinks.to(sinks.dtype)
     dk = _new_output(k.shape, k.dtype, k.device)
     dv = _new_output(v.shape, v.dtype, v.device)
-    delta, dsinks = sink_attention_bwd_preprocess(o, do, lse, sinks)
-    if total == 0 or max_seqlen == 0:
-        return dq, dk, dv, dsinks.to(sinks.dtype)
     n_seqs = cu_seqlens.numel() - 1
-    config = launch_config(q.device.type, head_dim, backward=True, block_sizes=block_sizes, dtype=q.dtype)
+    config = launch_config(q.device.type, padded_head_dim(head_dim), backward=True, block_sizes=block_sizes,
+                           dtype=q.dtype)
     meta = _meta(q, k, window, config)
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                do.stride(0), do.stride(1))
     _sink_attention_bwd_dq_kernel[(n_seqs * num_heads, triton.cdiv(max_seqlen, config.block_m))](
-        q, k, v, do, lse, delta, dq, cu_seqlens, *strides, dq.stride(0), dq.stride(1), lse.stride(0),
-        scale, window or 0, NUM_HEADS=num_heads, **meta,
+        q, k, v, do, lse, delta, dq, cu_seqlens, cu_seqlens_k, *strides, dq.stride(0), dq.stride(1),
+        lse.stride(0), scale, window or 0, head_dim, NUM_HEADS=num_heads, **meta,
     )
-    _sink_attention_bwd_dkdv_kernel[(n_seqs * num_kv_heads, triton.cdiv(max_seqlen, config.block_n))](
-        q, k, v, do, lse, delta, dk, dv, cu_seqlens, *strides,
+    _sink_attention_bwd_dkdv_kernel[(n_seqs * num_kv_heads, triton.cdiv(max_seqlen_k, config.block_n))](
+        q, k, v, do, lse, delta, dk, dv, cu_seqlens, cu_seqlens_k, *strides,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0),
-        scale, window or 0, NUM_KV_HEADS=num_kv_heads, **meta,
+        scale, window or 0, head_dim, NUM_KV_HEADS=num_kv_heads, **meta,
     )
     return dq, dk, dv, dsinks.to(sinks.dtype)
