@@ -1,9 +1,11 @@
 """Peak memory and time of GPT-OSS experts implementations: eval forward and train forward+backward.
 
-Compares ``gptoss_sequential`` (trl_gptoss.experts) with upstream transformers ``eager`` (per-expert loop),
-``grouped_mm`` (the default) and ``batched_mm``. Every case runs in a fresh subprocess (so peak RSS is its own)
-with one thread, checks its output (and, for train, d_hidden) on a 64-token prefix against a float64 reference
-before timing, then measures:
+Compares ``gptoss_sequential`` (``gptoss_kernels.experts`` through ``trl_gptoss``'s ``ExpertsInterface``
+registration) with upstream transformers ``eager`` (per-expert loop over a one-hot mask), ``grouped_mm`` (the
+default) and ``batched_mm``, and with ``loop``: the plain per-expert loop one would write by hand
+(``torch.where`` on the ids, gather, two matmuls, ``index_add_``), the eval-memory yardstick. Every case runs
+in a fresh subprocess (so peak RSS is its own) with one thread, checks its output (and, for train, d_hidden) on
+a 64-token prefix against a float64 reference before timing, then measures:
 
 - peak: VmHWM - VmRSS around the first measured call (``/proc/self/clear_refs`` resets the high-water mark;
   ``MALLOC_MMAP_THRESHOLD_`` is pinned so freed tensors leave RSS), includes weight gradients in train mode
@@ -12,7 +14,7 @@ before timing, then measures:
 - time: the fastest of up to 3 calls, wall and CPU seconds (the minimum is the estimate least disturbed by
   other jobs on a shared machine; the median wall time is kept in the JSON).
 
-Usage: ``python benchmarks/bench_experts.py [--quick] [--out benchmarks/results/experts_cpu.json]``.
+Usage: ``python benchmarks/bench_experts.py [--quick] [--only eval:16384] [--out benchmarks/results/experts_cpu.json]``.
 """
 
 from __future__ import annotations
@@ -36,20 +38,28 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def _case(impl, mode, tokens, hidden=512, inter=512, experts=32, top_k=4, dtype="fp32"):
-    return dict(impl=impl, mode=mode, tokens=tokens, hidden=hidden, inter=inter, experts=experts, top_k=top_k,
-                dtype=dtype)
+    return dict(
+        impl=impl, mode=mode, tokens=tokens, hidden=hidden, inter=inter, experts=experts, top_k=top_k, dtype=dtype
+    )
 
 
 def all_cases(quick: bool) -> list[dict]:
     """H = I = 512, E = 32, top-4 at 1k/4k/16k (batched_mm only at 256: ~12 MiB per token), and one
-    GPT-OSS-20b-width layer (H = I = 2880, E = 32, top-4, bf16) at 1k tokens."""
-    small_impls = ["gptoss_sequential", "eager", "grouped_mm"]
+    GPT-OSS-20b-width layer (H = I = 2880, E = 32, top-4, bf16) at 1k tokens. The hand-written ``loop`` is
+    the eval yardstick only (its train step is upstream eager's autograd story again)."""
+    impls = {
+        "eval": ["gptoss_sequential", "loop", "eager", "grouped_mm"],
+        "train": ["gptoss_sequential", "eager", "grouped_mm"],
+    }
     token_counts = [1024] if quick else [1024, 4096, 16384]
-    cases = [_case(impl, mode, 256) for mode in ("eval", "train") for impl in [*small_impls, "batched_mm"]]
-    cases += [_case(impl, mode, t) for t in token_counts for mode in ("eval", "train") for impl in small_impls]
+    sizes = [dict(tokens=256)] + [dict(tokens=t) for t in token_counts]
     if not quick:
-        cases += [_case(impl, mode, 1024, hidden=2880, inter=2880, dtype="bf16")
-                  for mode in ("eval", "train") for impl in small_impls]
+        sizes.append(dict(tokens=1024, hidden=2880, inter=2880, dtype="bf16"))
+    cases = []
+    for size in sizes:
+        for mode in ("eval", "train"):
+            extra = ["batched_mm"] if size["tokens"] == 256 else []
+            cases += [_case(impl, mode, **size) for impl in impls[mode] + extra]
     return cases
 
 
@@ -68,16 +78,33 @@ def _reset_peak() -> int:
     return _status_kib("VmRSS")
 
 
+def plain_loop(module, hidden, index, weights):
+    """The per-expert loop one writes by hand: no one-hot mask, upstream's gate math."""
+    out = torch.zeros_like(hidden)
+    for expert in index.unique().tolist():
+        token, slot = torch.where(index == expert)
+        gate_up = hidden[token] @ module.gate_up_proj[expert] + module.gate_up_proj_bias[expert]
+        y = module._apply_gate(gate_up) @ module.down_proj[expert] + module.down_proj_bias[expert]
+        out.index_add_(0, token, y * weights[token, slot, None])
+    return out
+
+
 def _build(case):
+    import functools
+
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
-    import trl_gptoss.experts  # noqa: F401  (registers gptoss_sequential)
+    import trl_gptoss  # noqa: F401  (registers gptoss_sequential once transformers' GPT-OSS modeling loads)
     from trl_gptoss.testing import tiny_gpt_oss_config
 
     dtype = DTYPES[case["dtype"]]
-    config = tiny_gpt_oss_config(hidden_size=case["hidden"], intermediate_size=case["inter"],
-                                 num_local_experts=case["experts"], num_experts_per_tok=case["top_k"])
-    config._experts_implementation = case["impl"]
+    config = tiny_gpt_oss_config(
+        hidden_size=case["hidden"],
+        intermediate_size=case["inter"],
+        num_local_experts=case["experts"],
+        num_experts_per_tok=case["top_k"],
+    )
+    config._experts_implementation = "eager" if case["impl"] == "loop" else case["impl"]
     generator = torch.Generator().manual_seed(0)
     with torch.device("meta"):
         module = GptOssExperts(config)
@@ -85,13 +112,15 @@ def _build(case):
     with torch.no_grad():
         for param in module.parameters():
             fan_in = param.shape[-2] if param.dim() == 3 else 1
-            param.copy_(torch.randn(param.shape, generator=generator, dtype=dtype) * (0.02 if fan_in == 1 else
-                                                                                       fan_in ** -0.5))
+            param.copy_(
+                torch.randn(param.shape, generator=generator, dtype=dtype) * (0.02 if fan_in == 1 else fan_in**-0.5)
+            )
     tokens = case["tokens"]
     hidden = torch.randn(tokens, case["hidden"], generator=generator, dtype=dtype)
     logits = torch.randn(tokens, case["experts"], generator=generator)
     top_values, index = logits.topk(case["top_k"], dim=-1)
-    return module, hidden, index, top_values.softmax(-1).to(dtype)
+    run = functools.partial(plain_loop, module) if case["impl"] == "loop" else module
+    return module, run, hidden, index, top_values.softmax(-1).to(dtype)
 
 
 def _reference(module, hidden, index, weights):
@@ -108,19 +137,24 @@ def _reference(module, hidden, index, weights):
     return out
 
 
-def _verify(case, module, hidden, index, weights):
+def _verify(case, module, run, hidden, index, weights):
     """Check output (and d_hidden for train) on a prefix against float64; raise if outside tolerance."""
     dtype = DTYPES[case["dtype"]]
     h, i, w = hidden[:PREFIX_TOKENS], index[:PREFIX_TOKENS], weights[:PREFIX_TOKENS]
     h64 = h.double().requires_grad_(True)
     ref = _reference(module, h64, i, w)
     cotangent = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    checks = [("out", lambda: module(h, i, w), lambda: ref.detach())]
+    checks = [("out", lambda: run(h, i, w), lambda: ref.detach())]
     if case["mode"] == "train":
         (ref_grad,) = torch.autograd.grad((ref * cotangent).sum(), h64)
         hg = h.detach().requires_grad_(True)
-        checks.append(("d_hidden", lambda: torch.autograd.grad((module(hg, i, w) * cotangent.to(dtype)).sum(), hg)[0],
-                       lambda: ref_grad))
+        checks.append(
+            (
+                "d_hidden",
+                lambda: torch.autograd.grad((run(hg, i, w) * cotangent.to(dtype)).sum(), hg)[0],
+                lambda: ref_grad,
+            )
+        )
     errors = {}
     for name, actual_fn, expected_fn in checks:
         with torch.set_grad_enabled(name != "out"):
@@ -131,41 +165,52 @@ def _verify(case, module, hidden, index, weights):
     return errors
 
 
-def _step(case, module, hidden, index, weights):
+def _step(case, run, hidden, index, weights):
     if case["mode"] == "eval":
         with torch.no_grad():
-            module(hidden, index, weights)
+            run(hidden, index, weights)
         return
     h, w = hidden.detach().requires_grad_(True), weights.detach().requires_grad_(True)
-    module(h, index, w).float().square().mean().backward()
+    run(h, index, w).float().square().mean().backward()
 
 
 def run_worker(case: dict) -> dict:
     torch.set_num_threads(1)
-    module, hidden, index, weights = _build(case)
-    errors = _verify(case, module, hidden, index, weights)
+    module, run, hidden, index, weights = _build(case)
+    errors = _verify(case, module, run, hidden, index, weights)
     module.zero_grad(set_to_none=True)
     walls, cpus, peaks = [], [], []
     while len(walls) < 3 and sum(walls) < 20:
         module.zero_grad(set_to_none=True)  # before the reset, so every call's peak includes its weight grads
         baseline = _reset_peak()
         wall, cpu = time.perf_counter(), time.process_time()
-        _step(case, module, hidden, index, weights)
+        _step(case, run, hidden, index, weights)
         walls.append(time.perf_counter() - wall)
         cpus.append(time.process_time() - cpu)
         if len(peaks) < 2:  # first (cold: library caches and workspaces grow too) and second (warm) call
             peaks.append(round((_status_kib("VmHWM") - baseline) / 1024, 1))
-    return {**case, "verified_rel_err": errors, "peak_mib": peaks[0], "peak_warm_mib": (peaks + [None])[1],
-            "wall_s": round(min(walls), 4), "cpu_s": round(min(cpus), 4),
-            "wall_s_median": round(statistics.median(walls), 4),
-            "reps": len(walls)}
+    return {
+        **case,
+        "verified_rel_err": errors,
+        "peak_mib": peaks[0],
+        "peak_warm_mib": (peaks + [None])[1],
+        "wall_s": round(min(walls), 4),
+        "cpu_s": round(min(cpus), 4),
+        "wall_s_median": round(statistics.median(walls), 4),
+        "reps": len(walls),
+    }
 
 
 # ----------------------------------------------------------------------------------------------- driver side
 def run_case(case: dict, timeout: float) -> dict:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(case)], capture_output=True,
-                          text=True, env=env, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--worker", json.dumps(case)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
     if proc.returncode != 0:
         return {**case, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr else f"rc {proc.returncode}"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -190,8 +235,10 @@ def print_table(results):
         if "error" in r:
             print(f"| {r['mode']} | {r['tokens']} | {r['hidden']} | {r['dtype']} | {r['impl']} | error: {r['error']} |")
             continue
-        print(f"| {r['mode']} | {r['tokens']} | {r['hidden']} | {r['dtype']} | {r['impl']} | {r['peak_mib']} | "
-              f"{r['wall_s']} | {r['cpu_s']} | {r.get('peak_vs_sequential', '')} | {r.get('time_vs_sequential', '')} |")
+        print(
+            f"| {r['mode']} | {r['tokens']} | {r['hidden']} | {r['dtype']} | {r['impl']} | {r['peak_mib']} | "
+            f"{r['wall_s']} | {r['cpu_s']} | {r.get('peak_vs_sequential', '')} | {r.get('time_vs_sequential', '')} |"
+        )
 
 
 def main(argv=None):
@@ -199,6 +246,7 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="T=256 and 1k only, no 20b-width layer")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "experts_cpu.json"))
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
+    parser.add_argument("--only", help="MODE:TOKENS, e.g. eval:16384: only those cases (JSON not written)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -206,14 +254,25 @@ def main(argv=None):
         return
     started = time.perf_counter()
     results = []
-    for case in all_cases(args.quick):
+    cases = all_cases(args.quick)
+    if args.only:
+        mode, tokens = args.only.split(":")
+        cases = [c for c in cases if c["mode"] == mode and c["tokens"] == int(tokens)]
+    for case in cases:
         results.append(run_case(case, args.timeout))
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     _ratios(results)
     print_table(results)
-    meta = {"torch": torch.__version__, "cpu": platform.processor() or platform.machine(), "threads": 1,
-            "load_avg_at_end": os.getloadavg(), "total_wall_s": round(time.perf_counter() - started, 1),
-            "note": "2-core CPU shared with other jobs; compare ratios within this run"}
+    if args.only:
+        return
+    meta = {
+        "torch": torch.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "threads": 1,
+        "load_avg_at_end": os.getloadavg(),
+        "total_wall_s": round(time.perf_counter() - started, 1),
+        "note": "2-core CPU shared with other jobs; compare ratios within this run",
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
 
