@@ -51,8 +51,9 @@ def gsm8k_answer(answer_field: str) -> str:
 def gsm8k_reward(completions, answer=None, **kwargs) -> list[float | None]:
     """GSM8K accuracy: ``1.0`` when the completion's final answer equals the ``#### x`` ground truth.
 
-    The completion's answer is its last ``\\boxed{}``, else its last ``#### x``, else "the answer is x",
-    else its last number (GSM8K's usual flexible extraction).
+    The completion's answer is its last ``\\boxed{}``, else the value after its last ``####``, else after
+    its last "the answer is" / "Answer:". An unmarked number earns nothing: a "last number in the text"
+    fallback would pay a completion that lists guesses (see ``answers.py`` for the policy).
     """
     truths = _truths(answer, None, len(completions), "gsm8k_reward")
     rewards: list[float | None] = []
