@@ -245,6 +245,3 @@ def _ifeval_constraint(index: int, instruction_id: str, kwargs) -> dict:
         problem = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
         raise ValueError(f"field 'kwargs[{index}]' ({instruction_id}): {problem}; got {present!r}") from None
     return constraint
-
-
-SUPPORTED_IFEVAL_INSTRUCTIONS = tuple(sorted(_IFEVAL))

@@ -25,7 +25,6 @@ O200K_HARMONY_SPECIAL_IDS = {
     CALL: 200012,
 }
 O200K_SPECIAL_RANGE = range(199998, 201088)
-O200K_VOCAB_SIZE = 201088
 
 # The named tokens in a fixed order: the small test tokenizer gives them ids 0..len-1 in this order.
 NAMED_SPECIAL_TOKENS = tuple(O200K_HARMONY_SPECIAL_IDS)
