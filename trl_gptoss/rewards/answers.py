@@ -19,6 +19,7 @@ returns in time linear in its length, and never raises for a completion.
 from __future__ import annotations
 
 import re
+from collections import deque
 from fractions import Fraction
 
 from trl_gptoss.rewards.numbers import MAX_ANSWER_CHARS, frac_to_slash, parse_number, strip_latex
@@ -26,6 +27,7 @@ from trl_gptoss.rewards.numbers import MAX_ANSWER_CHARS, frac_to_slash, parse_nu
 _HARMONY_FINAL = "<|channel|>final<|message|>"
 _HARMONY_STOPS = ("<|return|>", "<|end|>", "<|call|>")
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
+_BOX_GAP = 8  # spaces or tabs allowed between \boxed and its brace
 _GSM8K_MARK = "####"
 _ANSWER_PHRASE = re.compile(r"answer[ \t]*(?:is\b[ \t]*:?|:|=)", re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
@@ -66,7 +68,8 @@ def last_boxed(text: str) -> str | None:
     if start < 0:
         return None
     command = next(c for c in _BOX_COMMANDS if text.startswith(c, start))
-    after = text[start + len(command) : start + len(command) + 8 + MAX_ANSWER_CHARS + 1].lstrip(" \t")
+    window = start + len(command) + _BOX_GAP + MAX_ANSWER_CHARS + 2  # gap, "{", content, "}"
+    after = text[start + len(command) : window].lstrip(" \t")
     if not after.startswith("{"):
         return None
     depth = 0
@@ -85,10 +88,8 @@ def _value_after(text: str, index: int) -> str | None:
 
 
 def _after_last_answer_phrase(text: str) -> str | None:
-    last = None
-    for last in _ANSWER_PHRASE.finditer(text):  # noqa: B007 (only the last match is wanted)
-        pass
-    return None if last is None else _value_after(text, last.end())
+    last = deque(_ANSWER_PHRASE.finditer(text), maxlen=1)  # only the last match is kept
+    return _value_after(text, last[0].end()) if last else None
 
 
 def _lone_number_on_last_line(text: str) -> str | None:
