@@ -13,9 +13,11 @@ from hypothesis import strategies as st
 
 from tests.rewards.hostile import ALL_CONSTRAINTS, CRASHES_AND_STALLS
 from trl_gptoss.rewards import (
+    MAX_ANSWER_CHARS,
     answers_match,
     extract_final_answer,
     gsm8k_reward,
+    last_boxed,
     parse_number,
     retool_reward,
     verifyif_reward,
@@ -199,3 +201,11 @@ def test_property_answer_helpers_are_total(text, truth):
     assert isinstance(answers_match(text, truth), bool) and isinstance(answers_match(truth, text), bool)
     assert parse_number(text) is None or parse_number(text)[0] is not None
     assert time.perf_counter() - start < STALL_BUDGET_S
+
+
+def test_last_boxed_reads_at_most_max_answer_chars():
+    assert last_boxed("\\boxed{" + "a" * MAX_ANSWER_CHARS + "}") == "a" * MAX_ANSWER_CHARS
+    assert last_boxed("\\boxed{" + "a" * (MAX_ANSWER_CHARS + 1) + "}") is None
+    assert last_boxed("\\boxed" + " " * 8 + "{7}") == "7"
+    assert last_boxed("\\boxed" + " " * 9 + "{7}") is None
+    assert last_boxed("\\boxed{3} then \\boxed{4") is None  # a truncated last box is no answer

@@ -68,15 +68,16 @@ def last_boxed(text: str) -> str | None:
     if start < 0:
         return None
     command = next(c for c in _BOX_COMMANDS if text.startswith(c, start))
-    window = start + len(command) + _BOX_GAP + MAX_ANSWER_CHARS + 2  # gap, "{", content, "}"
-    after = text[start + len(command) : window].lstrip(" \t")
-    if not after.startswith("{"):
+    gap = text[start + len(command) : start + len(command) + _BOX_GAP]
+    brace = start + len(command) + len(gap) - len(gap.lstrip(" \t"))
+    if not text.startswith("{", brace):
         return None
+    body = text[brace : brace + MAX_ANSWER_CHARS + 2]  # "{", at most MAX_ANSWER_CHARS of content, "}"
     depth = 0
-    for i, ch in enumerate(after):
+    for i, ch in enumerate(body):
         depth += 1 if ch == "{" else -1 if ch == "}" else 0
         if depth == 0:
-            return after[1:i].strip()
+            return body[1:i].strip()
     return None
 
 
