@@ -160,3 +160,14 @@ def test_training_step_gradients_match_eager():
     for n in grads[0]:
         scale = max(grads[0][n].abs().max().item(), 1.0)
         assert (grads[0][n] - grads[1][n]).abs().max().item() <= TOL * scale, n
+
+
+def test_assisted_decoding_matches_greedy(models):
+    """transformers' test_assisted_decoding_matches_greedy_search: an assistant's candidates are verified in
+    one cached forward (several queries over a longer cache), the result is plain greedy decoding."""
+    ids, mask = _prompt(batch=1)
+    assistant = tiny_gpt_oss(seed=9, attn_implementation=trl_gptoss.FA3_SINK).eval()
+    greedy = models["eager"].generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assisted = models["fa3_sink"].generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                                           pad_token_id=0, assistant_model=assistant)
+    assert torch.equal(assisted, greedy)
