@@ -90,6 +90,12 @@ class GptOssGRPOConfig(GRPOConfig):
         if self.use_vllm:
             raise ValueError("use_vllm=True selects TRL's own vLLM generation; GptOssGRPOTrainer generates "
                              "through trl-gptoss engines: set rollout_backend='vllm_server' instead")
+        if self.routing_replay and self.strictly_on_policy:
+            raise ValueError(
+                "routing_replay=True has nothing to replay: this run is strictly on-policy (gradient_accumulation_"
+                f"steps={self.gradient_accumulation_steps} is a multiple of steps_per_generation="
+                f"{self.steps_per_generation} x num_iterations={self.num_iterations}), so no old-log-prob pass "
+                "runs; drop routing_replay or train off-policy (e.g. num_iterations=2)")
         if self.sp_size > 1 and self.world_size % self.sp_size:
             raise ValueError(f"sp_size={self.sp_size} must divide the number of processes ({self.world_size})")
 

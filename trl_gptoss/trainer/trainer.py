@@ -98,7 +98,8 @@ class GptOssGRPOTrainer(GRPOTrainer):
         self._pushed_step = None  # global step whose weights the engine holds (None: not pushed yet)
         self._last_rollouts = []
         self._loss_inputs = None
-        self.routing_replay = RoutingReplay() if args.routing_replay and not args.strictly_on_policy else None
+        self._step_scope = contextlib.ExitStack()  # replaced by training_step; eval passes use this one
+        self.routing_replay = RoutingReplay() if args.routing_replay else None
 
     # -- generation -------------------------------------------------------------------------------------
     def _push_weights_if_stale(self) -> None:
@@ -149,6 +150,10 @@ class GptOssGRPOTrainer(GRPOTrainer):
             output["routing_indices"] = self.routing_replay.take()
         return output
 
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        with contextlib.ExitStack() as self._step_scope:  # replay hooks live through forward AND backward
+            return super().training_step(model, inputs, num_items_in_batch)
+
     def _compute_loss(self, model, inputs):
         # A shallow copy: the hook below replaces "advantages" by per-token corrected ones, and TRL reuses the
         # buffered batch for every iteration.
@@ -167,10 +172,11 @@ class GptOssGRPOTrainer(GRPOTrainer):
                                               attention_mask, logits_to_keep, batch_size, compute_entropy,
                                               *args, **kwargs)
         recorded = inputs.get("routing_indices") if in_loss else None
-        replay = self.routing_replay.replay(model, recorded) if recorded is not None else contextlib.nullcontext()
-        with replay:
-            logps, entropies, aux = super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, *args, **kwargs)
+        if recorded is not None:
+            # Kept until training_step ends: gradient checkpointing re-runs the routers during backward.
+            self._step_scope.enter_context(self.routing_replay.replay(model, recorded))
+        logps, entropies, aux = super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, *args, **kwargs)
         if in_loss:
             self._correct_and_log(inputs, logps)
         return logps, entropies, aux
