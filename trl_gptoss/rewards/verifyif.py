@@ -40,7 +40,10 @@ def parse_constraints(constraints) -> list[dict]:
         try:
             validate_constraint(constraint)
         except ValueError as exc:
-            raise ValueError(f"constraints[{i}]: {exc}") from None
+            raise ValueError(
+                f"constraints[{i}]: {exc} Datasets loaded with trl_gptoss.data are checked at load time; "
+                "check others with trl_gptoss.rewards.validate_constraint before training."
+            ) from None
     return constraints
 
 
