@@ -91,22 +91,30 @@ class RoutingRecord:
     def describe_layer(self, layer: int) -> str:
         return f"layer {layer} ({self.layer_names[layer]})"
 
-    def _checked(self, layer: int, index: torch.Tensor, num_tokens: int | None = None,
-                 check_range: bool = True) -> torch.Tensor:
+    def _checked(
+        self, layer: int, index: torch.Tensor, num_tokens: int | None = None, check_range: bool = True
+    ) -> torch.Tensor:
         """Validate one layer's ids (shape ``[num_tokens, top_k]``, range ``[0, num_experts)``); return compact.
         ``check_range=False`` skips the range test (a host sync) for ids already validated or made by topk."""
         rows = "num_tokens" if num_tokens is None else num_tokens
         expected = f"[{rows}, {self.top_k}]"
-        bad_shape = (index.dim() != 2 or index.shape[1] != self.top_k
-                     or (num_tokens is not None and index.shape[0] != num_tokens))
+        bad_shape = (
+            index.dim() != 2
+            or index.shape[1] != self.top_k
+            or (num_tokens is not None and index.shape[0] != num_tokens)
+        )
         if bad_shape:
-            raise ValueError(f"{self.describe_layer(layer)}: routing indices must have shape {expected}, "
-                             f"got {tuple(index.shape)}; replay a record of the same batch, packing and model")
+            raise ValueError(
+                f"{self.describe_layer(layer)}: routing indices must have shape {expected}, "
+                f"got {tuple(index.shape)}; replay a record of the same batch, packing and model"
+            )
         if index.dtype.is_floating_point or index.dtype == torch.bool:
             raise ValueError(f"{self.describe_layer(layer)}: routing indices must be integers, got {index.dtype}")
         if check_range and index.numel() and (int(index.min()) < 0 or int(index.max()) >= self.num_experts):
-            raise ValueError(f"{self.describe_layer(layer)}: expert ids must lie in [0, {self.num_experts}), got "
-                             f"[{int(index.min())}, {int(index.max())}] (expected shape {expected})")
+            raise ValueError(
+                f"{self.describe_layer(layer)}: expert ids must lie in [0, {self.num_experts}), got "
+                f"[{int(index.min())}, {int(index.max())}] (expected shape {expected})"
+            )
         return index.detach().to(compact_index_dtype(self.num_experts))
 
     def check_compatible(self, model: torch.nn.Module) -> None:
@@ -117,7 +125,8 @@ class RoutingRecord:
         if mine != theirs:
             raise ValueError(
                 "routing record is from another model: (layers, experts, top_k, hidden) = "
-                f"{mine}, this model has {theirs}; expected indices of shape [num_tokens, {other.top_k}] per layer")
+                f"{mine}, this model has {theirs}; expected indices of shape [num_tokens, {other.top_k}] per layer"
+            )
         missing = [self.describe_layer(i) for i, t in enumerate(self.indices) if t is None]
         if missing:
             raise ValueError(f"routing record has no indices for {', '.join(missing)}; record a full forward pass")
@@ -128,22 +137,35 @@ class RoutingRecord:
         total = self.num_tokens or 0
         if start < 0 or length < 0 or start + length > total:
             raise ValueError(f"cannot take rows [{start}, {start + length}) of a record with {total} tokens")
-        return RoutingRecord(list(self.layer_names), self.num_experts, self.top_k, self.hidden_size,
-                             [None if t is None else t.narrow(0, start, length) for t in self.indices])
+        return RoutingRecord(
+            list(self.layer_names),
+            self.num_experts,
+            self.top_k,
+            self.hidden_size,
+            [None if t is None else t.narrow(0, start, length) for t in self.indices],
+        )
 
     def to_dict(self) -> dict:
         """Plain dict of tensors and ints (``torch.save``-able, loads with ``weights_only=True``)."""
-        return {"format_version": FORMAT_VERSION, "layer_names": list(self.layer_names),
-                "num_experts": self.num_experts, "top_k": self.top_k, "hidden_size": self.hidden_size,
-                "indices": [None if t is None else t.cpu() for t in self.indices]}
+        return {
+            "format_version": FORMAT_VERSION,
+            "layer_names": list(self.layer_names),
+            "num_experts": self.num_experts,
+            "top_k": self.top_k,
+            "hidden_size": self.hidden_size,
+            "indices": [None if t is None else t.cpu() for t in self.indices],
+        }
 
     @classmethod
     def from_dict(cls, state: dict) -> RoutingRecord:
         if state.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"routing record format_version {state.get('format_version')!r} is not supported; "
-                             f"expected {FORMAT_VERSION}")
-        record = cls(list(state["layer_names"]), int(state["num_experts"]), int(state["top_k"]),
-                     int(state["hidden_size"]))
+            raise ValueError(
+                f"routing record format_version {state.get('format_version')!r} is not supported; "
+                f"expected {FORMAT_VERSION}"
+            )
+        record = cls(
+            list(state["layer_names"]), int(state["num_experts"]), int(state["top_k"]), int(state["hidden_size"])
+        )
         record.indices = [None if t is None else record._checked(i, t) for i, t in enumerate(state["indices"])]
         return record
 
@@ -162,9 +184,12 @@ def _record_hook(record: RoutingRecord, layer: int):
         # A second call with identical routing is gradient-checkpoint recomputation; anything else is a second
         # forward, which one record cannot describe.
         if previous is not None and not (previous.shape == index.shape and torch.equal(previous, index)):
-            raise ValueError(f"{record.describe_layer(layer)} routed twice with different tokens while recording; "
-                             "use one record_routing() block per forward pass")
+            raise ValueError(
+                f"{record.describe_layer(layer)} routed twice with different tokens while recording; "
+                "use one record_routing() block per forward pass"
+            )
         record.indices[layer] = index
+
     return hook
 
 
@@ -176,13 +201,15 @@ def _replay_hook(record: RoutingRecord, layer: int):
         selected = router_logits.gather(-1, index)
         scores = torch.softmax(selected, dim=-1, dtype=selected.dtype)
         return router_logits, scores, index
+
     return hook
 
 
 @contextlib.contextmanager
 def _hooks(model, make_hook, record) -> Iterator[RoutingRecord]:
-    handles = [router.register_forward_hook(make_hook(record, layer))
-               for layer, (_, router) in enumerate(_routers(model))]
+    handles = [
+        router.register_forward_hook(make_hook(record, layer)) for layer, (_, router) in enumerate(_routers(model))
+    ]
     try:
         yield record
     finally:
@@ -195,8 +222,7 @@ def record_routing(model: torch.nn.Module) -> contextlib.AbstractContextManager[
     return _hooks(model, _record_hook, RoutingRecord.empty_for(model))
 
 
-def replay_routing(model: torch.nn.Module, record: RoutingRecord
-                   ) -> contextlib.AbstractContextManager[RoutingRecord]:
+def replay_routing(model: torch.nn.Module, record: RoutingRecord) -> contextlib.AbstractContextManager[RoutingRecord]:
     """Context manager: every router inside the block uses ``record``'s experts (routing weights recomputed
     from the current logits at those experts). Raises ``ValueError`` if the record does not fit the model;
     a forward whose token count differs from the record raises ``ValueError`` naming the layer and shape."""

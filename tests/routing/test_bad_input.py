@@ -30,8 +30,10 @@ def test_record_from_another_model_shape(record):
 
 
 def test_replay_with_a_different_token_count(model, record):
-    with replay_routing(model, record), pytest.raises(
-            ValueError, match=r"layer 0 \(model\.layers\.0\.mlp\.router\).*shape \[12, 2\], got \(10, 2\)"):
+    with (
+        replay_routing(model, record),
+        pytest.raises(ValueError, match=r"layer 0 \(model\.layers\.0\.mlp\.router\).*shape \[12, 2\], got \(10, 2\)"),
+    ):
         model(torch.arange(12)[None])
 
 

@@ -15,8 +15,15 @@ from trl_gptoss.experts import patch_gpt_oss_experts
 from trl_gptoss.routing import RoutingRecord, record_routing, replay_routing
 from trl_gptoss.testing import tiny_gpt_oss
 
-ATTENTION = ["eager", pytest.param("fa3_sink", marks=pytest.mark.skipif(
-    "fa3_sink" not in AttentionInterface._global_mapping, reason="fa3_sink not registered"))]
+ATTENTION = [
+    "eager",
+    pytest.param(
+        "fa3_sink",
+        marks=pytest.mark.skipif(
+            "fa3_sink" not in AttentionInterface._global_mapping, reason="fa3_sink not registered"
+        ),
+    ),
+]
 BATCH, LENGTH = 2, 48
 
 
@@ -57,6 +64,7 @@ def boost_unselected_experts(model, record, boost=30.0):
             logits = output[0] + boost * (~selected)
             top_values, top_index = torch.topk(logits, module.top_k, dim=-1)
             return logits, torch.softmax(top_values, dim=-1), top_index
+
         return hook
 
     handles = [router.register_forward_hook(make_hook(i)) for i, router in enumerate(routers)]
@@ -130,8 +138,14 @@ def test_packed_input_record_and_replay():
     input_ids = torch.randint(0, 512, (1, sum(lengths)), generator=torch.Generator().manual_seed(3))
     position_ids = torch.cat([torch.arange(n) for n in lengths])[None]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    packed = dict(position_ids=position_ids, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lengths),
-                  max_length_k=max(lengths), use_cache=False)
+    packed = dict(
+        position_ids=position_ids,
+        cu_seq_lens_q=cu,
+        cu_seq_lens_k=cu,
+        max_length_q=max(lengths),
+        max_length_k=max(lengths),
+        use_cache=False,
+    )
     with torch.no_grad(), record_routing(model) as first:
         first_log_probs = token_log_probs(model, input_ids, **packed)
     assert first.num_tokens == sum(lengths)

@@ -39,19 +39,30 @@ def _check_positive(name, value):
 def tiny_gpt_oss_config(**overrides) -> GptOssConfig:
     """A ``GptOssConfig`` for a ~1M-parameter model; any ``GptOssConfig`` field may be overridden."""
     fields = {**_TINY_DEFAULTS, **overrides}
-    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                 "num_key_value_heads", "head_dim", "num_local_experts", "num_experts_per_tok"):
+    for name in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "num_local_experts",
+        "num_experts_per_tok",
+    ):
         _check_positive(name, fields[name])
     if fields["vocab_size"] < 512:
         raise ValueError(f"vocab_size must be >= 512 to hold the small Harmony tokenizer, got {fields['vocab_size']}")
     if fields["num_attention_heads"] % fields["num_key_value_heads"]:
         raise ValueError(
             f"num_attention_heads ({fields['num_attention_heads']}) must be a multiple of "
-            f"num_key_value_heads ({fields['num_key_value_heads']})")
+            f"num_key_value_heads ({fields['num_key_value_heads']})"
+        )
     if not 2 <= fields["num_experts_per_tok"] <= fields["num_local_experts"]:
         raise ValueError(
             f"num_experts_per_tok must be in [2, num_local_experts={fields['num_local_experts']}], "
-            f"got {fields['num_experts_per_tok']}")
+            f"got {fields['num_experts_per_tok']}"
+        )
     if fields["sliding_window"] is not None:
         _check_positive("sliding_window", fields["sliding_window"])
     return GptOssConfig(**fields)
@@ -65,8 +76,14 @@ def _init_sinks(model, generator):
                 param.copy_(torch.empty(param.shape).uniform_(low, high, generator=generator))
 
 
-def tiny_gpt_oss(config: GptOssConfig | None = None, *, seed: int = 0, dtype: torch.dtype = torch.float32,
-                 attn_implementation: str = "eager", **overrides) -> GptOssForCausalLM:
+def tiny_gpt_oss(
+    config: GptOssConfig | None = None,
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "eager",
+    **overrides,
+) -> GptOssForCausalLM:
     """A randomly initialised tiny ``GptOssForCausalLM`` (deterministic for a given ``seed``)."""
     if config is not None and overrides:
         raise ValueError("pass either config or field overrides, not both")
@@ -81,8 +98,9 @@ def tiny_gpt_oss(config: GptOssConfig | None = None, *, seed: int = 0, dtype: to
     return model.to(dtype).eval()
 
 
-def save_tiny_checkpoint(path, model: GptOssForCausalLM | None = None, *, tokenizer=None, seed: int = 0,
-                         **overrides) -> Path:
+def save_tiny_checkpoint(
+    path, model: GptOssForCausalLM | None = None, *, tokenizer=None, seed: int = 0, **overrides
+) -> Path:
     """Save a tiny model (fp32, safetensors) plus a tokenizer as a directory ``vllm serve`` can load."""
     from trl_gptoss.testing.tokenizers import harmony_tokenizer
 
