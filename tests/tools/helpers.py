@@ -4,8 +4,8 @@ import glob
 import os
 import tempfile
 
-from trl_gptoss.tools import cgroups, isolation
-from trl_gptoss.tools.sandbox import CALL_DIR_PREFIX
+from trl_gptoss.tools.sandbox import cgroups, userns
+from trl_gptoss.tools.sandbox.runner import CALL_DIR_PREFIX
 
 TIGHT = dict(
     wall_seconds=5.0,
@@ -19,10 +19,11 @@ TIGHT = dict(
 )
 
 
-def sandbox_uid_range() -> range:
-    """The uids this test process hands to its sandbox calls (``isolation.UidSlots``)."""
-    first = isolation.UID_BASE + (os.getpid() % (1 << 20)) * isolation.SLOTS_PER_PROCESS
-    return range(first, first + isolation.SLOTS_PER_PROCESS)
+def sandbox_uid_range(pid: int | None = None) -> range:
+    """The uids process ``pid`` (default: this one) hands to its sandbox calls (``userns.UidSlots``)."""
+    pid = os.getpid() if pid is None else pid
+    first = userns.UID_BASE + (pid % (1 << 20)) * userns.SLOTS_PER_PROCESS
+    return range(first, first + userns.SLOTS_PER_PROCESS)
 
 
 def processes_of_uids(uids: range) -> list[int]:

@@ -45,7 +45,7 @@ def test_numpy_is_importable_within_the_address_space_limit(sandbox):
 
 
 def test_non_utf8_and_empty_programs(sandbox):
-    assert sandbox.run("").render() == "[no output]"
+    assert sandbox.run("").render() == "[sandbox] no output"
     binary = sandbox.run("import sys\nsys.stdout.buffer.write(b'\\xff\\xfeok')")
     assert binary.ok and binary.stdout.endswith("ok")
 
@@ -102,10 +102,10 @@ def test_render_puts_errors_last_and_clips_the_middle():
     text = result.render(max_chars=1000)
     assert len(text) <= 1000
     assert text.startswith("aaa") and "characters omitted" in text
-    assert text.rstrip().endswith("[exit status 1]") and "ValueError: boom" in text
+    assert text.rstrip().endswith("\n[sandbox] exit status 1") and "ValueError: boom" in text
     message = result.to_message("python", max_chars=1000)
     assert message == {"role": "tool", "name": "python", "content": text}
     timeout = ToolResult("", "", -9, True, False, 2.0)
-    assert timeout.render() == "[timed out after 2.0 s; the program was killed]"
+    assert timeout.render() == "[sandbox] timed out after 2.0 s; the program was killed"
     with pytest.raises(ValueError, match="max_chars"):
         result.render(max_chars=10)

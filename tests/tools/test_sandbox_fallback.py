@@ -10,7 +10,7 @@ import pytest
 
 from tests.tools.helpers import TIGHT, descendants, own_call_dirs
 from trl_gptoss.tools import PythonSandbox, SandboxLimits
-from trl_gptoss.tools.isolation import MARKER_VAR
+from trl_gptoss.tools.sandbox.process import MARKER_VAR
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox uses Linux rlimits and /proc")
 

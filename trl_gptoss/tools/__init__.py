@@ -1,15 +1,15 @@
 """Tools the model may call during rollouts; ``python`` runs model-written code in a sandbox.
 
 Public names: ``Tool``, ``PythonTool``, ``PythonSandbox``, ``SandboxLimits``, ``ToolResult``,
-``detect_isolation``, ``run_tool_calls``.
+``detect_isolation``, ``run_tool_calls``, ``UserNamespaceError``. The tool protocol lives in ``base``,
+``python_tool``, ``dispatch`` and ``result``; the sandbox in the ``sandbox`` package.
 """
 
 from trl_gptoss.tools.base import Tool
 from trl_gptoss.tools.dispatch import run_tool_calls
-from trl_gptoss.tools.isolation import detect_isolation
 from trl_gptoss.tools.python_tool import PythonTool
-from trl_gptoss.tools.result import SandboxLimits, ToolResult
-from trl_gptoss.tools.sandbox import PythonSandbox
+from trl_gptoss.tools.result import ToolResult
+from trl_gptoss.tools.sandbox import PythonSandbox, SandboxLimits, UserNamespaceError, detect_isolation
 
 __all__ = [
     "PythonSandbox",
@@ -17,6 +17,7 @@ __all__ = [
     "SandboxLimits",
     "Tool",
     "ToolResult",
+    "UserNamespaceError",
     "detect_isolation",
     "run_tool_calls",
 ]

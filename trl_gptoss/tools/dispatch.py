@@ -11,7 +11,6 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 from trl_gptoss.tools.base import Tool
-from trl_gptoss.tools.result import ToolResult
 
 
 def _name_and_arguments(call) -> tuple[str, str | dict]:
@@ -22,25 +21,14 @@ def _name_and_arguments(call) -> tuple[str, str | dict]:
     raise ValueError(f"A tool call is a (name, arguments) pair or has .name/.arguments, got {call!r}.")
 
 
-def _error(text: str) -> ToolResult:
-    return ToolResult(
-        stdout="",
-        stderr=text,
-        exit_code=None,
-        timed_out=False,
-        truncated=False,
-        wall_time=0.0,
-        isolation="none",
-    )
-
-
-def _run_one(tool: Tool | None, name: str, arguments) -> ToolResult:
+def _message(name: str, tool: Tool | None, arguments, max_chars: int) -> dict:
+    """The tool message for one call: the tool's rendered result, or the error the model must fix."""
     if tool is None:
-        return _error(f"Error: no tool named {name!r}.")
+        return {"role": "tool", "name": name, "content": f"Error: no tool named {name!r}."}
     try:
-        return tool.call(arguments)
+        return tool.call(arguments).to_message(name, max_chars)
     except ValueError as exc:
-        return _error(f"Error: {exc}")
+        return {"role": "tool", "name": name, "content": f"Error: {exc}"}
 
 
 def run_tool_calls(calls, tools: list[Tool], max_chars: int = 4000, max_workers: int = 8) -> list[dict]:
@@ -56,5 +44,4 @@ def run_tool_calls(calls, tools: list[Tool], max_chars: int = 4000, max_workers:
     if not pairs:
         return []
     with ThreadPoolExecutor(max_workers=min(max_workers, len(pairs))) as pool:
-        results = list(pool.map(lambda p: _run_one(by_name.get(p[0]), *p), pairs))
-    return [result.to_message(name, max_chars) for (name, _), result in zip(pairs, results)]
+        return list(pool.map(lambda p: _message(p[0], by_name.get(p[0]), p[1], max_chars), pairs))

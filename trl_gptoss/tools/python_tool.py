@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from trl_gptoss.tools.base import Tool
 from trl_gptoss.tools.result import ToolResult
-from trl_gptoss.tools.sandbox import PythonSandbox
+from trl_gptoss.tools.sandbox.runner import PythonSandbox
 
 PYTHON_TOOL_DESCRIPTION = (
     "Use this tool to execute Python code. The code runs in a fresh, stateless sandbox with no network "
@@ -46,14 +46,6 @@ class PythonTool(Tool):
 
     def _invoke(self, arguments: dict) -> ToolResult:
         return self.sandbox.run(arguments["code"])
-
-    def call_many(self, bodies: list[str | dict]) -> list[ToolResult]:
-        """Run a rollout batch's calls concurrently through the sandbox pool."""
-        codes = [
-            b if isinstance(b, str) and not _looks_like_code_object(b) else self.parse_arguments(b)["code"]
-            for b in bodies
-        ]
-        return self.sandbox.run_many(codes)
 
     def as_function(self) -> Callable[[str], str]:
         tool = self

@@ -1,14 +1,16 @@
-"""Per-call cgroups: one memory budget and one process budget for everything a call starts.
+"""Per-call cgroups: one memory budget, one process budget and one CPU quota for everything a call starts.
 
 rlimits are per process: 32 processes x ``RLIMIT_AS`` could still take 32 GiB. A cgroup caps the call as
 a whole: ``memory`` (limit on resident memory + swap; the kernel OOM-kills inside the group) and ``pids``
-(fork bombs fail with EAGAIN at ``max_processes``). Supported layouts: cgroup v1 (separate
+(fork bombs fail with EAGAIN at ``max_processes``) and, when the host has the ``cpu`` controller, a CFS
+quota (``cpu_cores`` cores' worth of time per period: ``RLIMIT_CPU`` is per process, so without it one
+call could keep every core busy for its whole wall time). Supported layouts: cgroup v1 (separate
 ``/sys/fs/cgroup/memory`` and ``/sys/fs/cgroup/pids`` hierarchies) and cgroup v2 (one unified
 hierarchy with both controllers enabled). Without write access (not root, read-only cgroupfs) the
 sandbox runs without cgroups and says so in ``PythonSandbox.cgroups``.
 
-The call's first process (``_sandbox_init.py``) joins by writing ``0`` ("myself") to each ``cgroup.procs``
-before it starts the model's code; its descendants inherit the groups.
+The call's interpreter (``init.py``) joins by writing ``0`` ("myself") to each ``cgroup.procs`` before it
+runs the model's code; its descendants inherit the groups.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Iterator
 
 ROOT = "/sys/fs/cgroup"
 GROUP_PREFIX = "trl-gptoss-sandbox-"
+CPU_PERIOD_US = 100_000
 
 
 def _writable(path: str) -> bool:
@@ -33,12 +36,24 @@ def cgroup_layout() -> str | None:
     """``"v1"``, ``"v2"`` or ``None`` (no writable memory+pids cgroups), probed once."""
     if _writable(os.path.join(ROOT, "memory")) and _writable(os.path.join(ROOT, "pids")):
         return "v1"
+    return "v2" if {"memory", "pids"} <= _v2_controllers() and _writable(ROOT) else None
+
+
+def _v2_controllers() -> set[str]:
     try:
         with open(os.path.join(ROOT, "cgroup.subtree_control")) as f:
-            enabled = set(f.read().split())
+            return set(f.read().split())
     except OSError:
-        return None
-    return "v2" if {"memory", "pids"} <= enabled and _writable(ROOT) else None
+        return set()
+
+
+@functools.lru_cache(maxsize=1)
+def has_cpu_quota() -> bool:
+    """True when a call's group can get a CPU quota (v1 ``cpu`` hierarchy, or v2 with ``cpu`` enabled)."""
+    layout = cgroup_layout()
+    if layout == "v1":
+        return _writable(os.path.join(ROOT, "cpu")) and os.path.isfile(os.path.join(ROOT, "cpu", "cpu.cfs_quota_us"))
+    return layout == "v2" and "cpu" in _v2_controllers()
 
 
 def _write(path: str, value: str) -> None:
@@ -46,24 +61,31 @@ def _write(path: str, value: str) -> None:
         f.write(value)
 
 
-def _create(name: str, memory_bytes: int, max_processes: int) -> list[str]:
+def _create(name: str, memory_bytes: int, max_processes: int, cpu_cores: float) -> list[str]:
     """Create the call's group(s), set the limits, return the directories."""
+    quota = max(int(cpu_cores * CPU_PERIOD_US), 1000)
     if cgroup_layout() == "v1":
-        memory, pids = os.path.join(ROOT, "memory", name), os.path.join(ROOT, "pids", name)
-        os.mkdir(memory)
-        os.mkdir(pids)
+        directories = [os.path.join(ROOT, c, name) for c in ("memory", "pids", "cpu")[: 3 if has_cpu_quota() else 2]]
+        for directory in directories:
+            os.mkdir(directory)
+        memory, pids = directories[:2]
         _write(os.path.join(memory, "memory.limit_in_bytes"), str(memory_bytes))
         swap = os.path.join(memory, "memory.memsw.limit_in_bytes")
         if os.path.exists(swap):  # memory + swap: the call may not push its excess to swap
             _write(swap, str(memory_bytes))
         _write(os.path.join(pids, "pids.max"), str(max_processes))
-        return [memory, pids]
+        if has_cpu_quota():
+            _write(os.path.join(directories[2], "cpu.cfs_period_us"), str(CPU_PERIOD_US))
+            _write(os.path.join(directories[2], "cpu.cfs_quota_us"), str(quota))
+        return directories
     group = os.path.join(ROOT, name)
     os.mkdir(group)
     _write(os.path.join(group, "memory.max"), str(memory_bytes))
     with contextlib.suppress(OSError):  # memory.swap.max is absent without swap accounting
         _write(os.path.join(group, "memory.swap.max"), "0")
     _write(os.path.join(group, "pids.max"), str(max_processes))
+    if has_cpu_quota():
+        _write(os.path.join(group, "cpu.max"), f"{quota} {CPU_PERIOD_US}")
     return [group]
 
 
@@ -85,12 +107,12 @@ def _remove(directories: list[str], seconds: float = 2.0) -> None:
 
 
 @contextlib.contextmanager
-def call_cgroups(marker: str, memory_bytes: int, max_processes: int) -> Iterator[list[str]]:
-    """Yield the ``cgroup.procs`` paths the call's first process must join (``[]`` when unavailable)."""
+def call_cgroups(marker: str, memory_bytes: int, max_processes: int, cpu_cores: float) -> Iterator[list[str]]:
+    """Yield the ``cgroup.procs`` paths the call's interpreter must join (``[]`` when unavailable)."""
     if cgroup_layout() is None:
         yield []
         return
-    directories = _create(f"{GROUP_PREFIX}{os.getpid()}-{marker}", memory_bytes, max_processes)
+    directories = _create(f"{GROUP_PREFIX}{os.getpid()}-{marker}", memory_bytes, max_processes, cpu_cores)
     try:
         yield [os.path.join(d, "cgroup.procs") for d in directories]
     finally:

@@ -1,0 +1,106 @@
+"""Start one call under bubblewrap: the namespaces, the allow-listed view, seccomp, and ``init.py``.
+
+``bwrap`` gets its options through a pipe (``--args FD``): its command line, which every process of the call
+can read as ``/proc/1/cmdline``, is just ``bwrap --args N PYTHON -I -u /.sandbox/init.py KEY=VALUE...`` —
+no host paths beyond the interpreter, no pids, no cgroup names. The code arrives through a memfd copied to
+``/tmp/work/main.py``; the seccomp program through a pipe. Namespaces: user (see ``userns.py``), mount,
+PID (bubblewrap's PID 1 reaps, and when it dies the kernel kills every process of the call), network (no
+interface but a down loopback: no TCP/UDP, no abstract unix sockets of the host), IPC (no host SysV
+shared memory; segments die with the call), UTS and cgroup. ``--die-with-parent`` ends the call if the
+host process dies, ``--new-session`` detaches it from any terminal.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from trl_gptoss.tools.sandbox.init import CallConfig
+from trl_gptoss.tools.sandbox.limits import SandboxLimits
+from trl_gptoss.tools.sandbox.userns import PROCESS_USER_NAMESPACES, SANDBOX_UID
+from trl_gptoss.tools.sandbox.view import INIT_INSIDE, WORKDIR, HostView, bwrap_path
+
+NAMESPACES = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try")
+CGROUP_INSIDE = "/.sandbox/cgroup/{}"
+
+
+def _pipe_with(data: bytes) -> int:
+    """A pipe's read end already holding ``data`` (which must fit the pipe buffer) and EOF."""
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, data)
+    finally:
+        os.close(write_end)
+    return read_end
+
+
+def _memfd_with(data: bytes) -> int:
+    fd = os.memfd_create("main.py", os.MFD_CLOEXEC)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def launch(
+    source: bytes,
+    view: HostView,
+    limits: SandboxLimits,
+    env: dict[str, str],
+    host_uid: int | None,
+    cgroup_procs: list[str],
+    seccomp_filter: bytes | None,
+) -> subprocess.Popen:
+    """Start the call; stdout/stderr are pipes, stdin is ``/dev/null``. ``host_uid``: the unprivileged host uid
+    the code runs as (root hosts), or ``None`` to let bubblewrap map the host's own uid (non-root hosts)."""
+    fds: list[int] = []
+    try:
+        code_fd = _memfd_with(source)
+        fds.append(code_fd)
+        args = [*NAMESPACES, "--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv"]
+        for key, value in env.items():
+            args += ["--setenv", key, value]
+        if host_uid is not None:
+            userns_fd = PROCESS_USER_NAMESPACES.fd_for(host_uid)
+            fds.append(os.dup(userns_fd))
+            # Set up as the namespace's root (kuid 0), which init.py leaves for SANDBOX_UID.
+            args += ["--userns", str(fds[-1]), "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        else:
+            args += ["--unshare-user"]
+        # Scratch first: the view's read-only binds may live under /tmp (a virtualenv there) and must stay on top.
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += ["--size", str(limits.disk_bytes), "--perms", "1777", "--tmpfs", "/tmp"]
+        args += ["--size", str(limits.disk_bytes), "--perms", "1777", "--tmpfs", "/dev/shm"]
+        args += list(view.args)
+        args += ["--perms", "0777", "--dir", WORKDIR, "--perms", "0444", "--file", str(code_fd), f"{WORKDIR}/main.py"]
+        for i, path in enumerate(cgroup_procs):
+            args += ["--bind", path, CGROUP_INSIDE.format(i)]
+        args += ["--chdir", WORKDIR]
+        if seccomp_filter is not None:
+            fds.append(_pipe_with(seccomp_filter))
+            args += ["--seccomp", str(fds[-1])]
+        fds.append(_pipe_with(b"".join(a.encode() + b"\0" for a in args)))
+        config = CallConfig(
+            cpu_seconds=limits.cpu_seconds,
+            address_space_bytes=limits.address_space_bytes,
+            file_size_bytes=limits.file_size_bytes,
+            open_files=limits.open_files,
+            nproc=limits.max_processes + 1,  # + bubblewrap's PID 1 when it shares the uid (non-root hosts)
+            uid=SANDBOX_UID if host_uid is not None else -1,
+            block_sockets=False,
+            cgroup_procs=[CGROUP_INSIDE.format(i) for i in range(len(cgroup_procs))],
+        )
+        argv = ["bwrap", "--args", str(fds[-1]), view.python, "-I", "-u", INIT_INSIDE, *config.to_argv()]
+        return subprocess.Popen(
+            argv,
+            executable=bwrap_path(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=fds,
+            env={},
+            cwd="/",
+            start_new_session=True,
+        )
+    finally:
+        for fd in fds:
+            os.close(fd)

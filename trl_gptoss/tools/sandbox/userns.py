@@ -1,0 +1,129 @@
+"""Who runs a call: per-call uids, the user namespaces that map them, and whether the host allows any.
+
+The model's code runs as uid ``SANDBOX_UID`` inside a user namespace. When the host process is root, that uid
+maps to an unprivileged host uid of its own per concurrent call (``UidSlots``), so the code owns nothing on
+the host, and ``RLIMIT_NPROC`` counts only that call's processes. Root builds one user namespace per host
+uid, mapping ``0 -> 0`` (bubblewrap sets the sandbox up as that root, which can still reach an interpreter
+under ``/root``) and ``SANDBOX_UID -> host uid`` (``init.py`` switches to it before the code runs). A host that
+is not root lets bubblewrap create an unprivileged user namespace per call, and the code keeps the host uid.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+UID_BASE = 1 << 28
+SLOTS_PER_PROCESS = 1024
+SANDBOX_UID = 1000
+
+USERNS_HELP = (
+    "user namespaces are disabled on this host ({reason}). Enable them: `sysctl -w user.max_user_namespaces="
+    "15000` (and on Debian/Ubuntu kernels `sysctl -w kernel.unprivileged_userns_clone=1`; on Ubuntu 23.10+ "
+    "`sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`); in Docker, run with a seccomp profile that "
+    "allows unshare/clone(CLONE_NEWUSER) (e.g. `--security-opt seccomp=unconfined`). Or choose "
+    "PythonSandbox(isolation='process'), which is weaker: the code can read every file its uid can read "
+    "(see docs/tools_and_rewards.md)."
+)
+
+# Runs in a throw-away child: enter a new user namespace, report, wait until the host has mapped it.
+_HELPER = (
+    "import ctypes, os\n"
+    "if ctypes.CDLL(None, use_errno=True).unshare(0x10000000) != 0:\n"
+    "    os.write(1, os.strerror(ctypes.get_errno()).encode()); os._exit(1)\n"
+    "os.write(1, b'+'); os.read(0, 1)\n"
+)
+
+
+class UserNamespaceError(RuntimeError):
+    """The host does not let us create user namespaces; the message says how to enable them."""
+
+
+class UserNamespaces:
+    """Root only: one user namespace per host uid (``0 -> 0``, ``SANDBOX_UID -> uid``), kept open as an fd."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._fds: dict[int, int] = {}
+
+    def fd_for(self, host_uid: int) -> int:
+        with self._lock:
+            if host_uid not in self._fds:
+                self._fds[host_uid] = _map_new_namespace(host_uid)
+            return self._fds[host_uid]
+
+
+def _map_new_namespace(host_uid: int) -> int:
+    helper = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", _HELPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={}
+    )
+    try:
+        status = os.read(helper.stdout.fileno(), 256)
+        if status != b"+":
+            raise UserNamespaceError(USERNS_HELP.format(reason=f"unshare(CLONE_NEWUSER): {status.decode()}"))
+        mapping = f"0 0 1\n{SANDBOX_UID} {host_uid} 1\n"
+        for kind in ("uid_map", "gid_map"):
+            with open(f"/proc/{helper.pid}/{kind}", "w") as f:
+                f.write(mapping)
+        return os.open(f"/proc/{helper.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        helper.stdin.close()
+        helper.wait()
+
+
+PROCESS_USER_NAMESPACES = UserNamespaces()
+
+
+@functools.lru_cache(maxsize=1)
+def user_namespace_problem() -> str | None:
+    """``None`` when this process can give calls a user namespace, else why not (probed once)."""
+    if os.geteuid() == 0:
+        try:
+            PROCESS_USER_NAMESPACES.fd_for(UID_BASE - 1)  # a probe uid no call uses
+        except (UserNamespaceError, OSError) as exc:
+            return str(exc)
+        return None
+    from trl_gptoss.tools.sandbox.view import bwrap_path
+
+    try:
+        probe = subprocess.run(
+            [bwrap_path(), "--unshare-user", "--ro-bind", "/", "/", "true"], capture_output=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap could not start: {exc}"
+    return None if probe.returncode == 0 else probe.stderr.decode(errors="replace").strip()
+
+
+class UidSlots:
+    """Hands out a distinct unprivileged host uid to each running call of this Python process.
+
+    ``pytest -n 2`` workers (different pids) never share uids. Slots are reused first-in first-out: a
+    finished call's killed processes may linger as zombies for a moment, and they still count towards
+    ``RLIMIT_NPROC`` of their uid, so the next call must not inherit that uid at once. One instance per
+    process (``PROCESS_UID_SLOTS``), shared by every sandbox, for the same reason.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._free = collections.deque(range(SLOTS_PER_PROCESS))
+
+    @contextmanager
+    def uid(self) -> Iterator[int]:
+        with self._lock:
+            if not self._free:
+                raise ValueError(f"more than {SLOTS_PER_PROCESS} concurrent sandbox calls; lower max_concurrency.")
+            slot = self._free.popleft()
+        try:
+            yield UID_BASE + (os.getpid() % (1 << 20)) * SLOTS_PER_PROCESS + slot
+        finally:
+            with self._lock:
+                self._free.append(slot)
+
+
+PROCESS_UID_SLOTS = UidSlots()
