@@ -178,7 +178,9 @@ def test_no_sinks_is_plain_causal_attention(window):
 
 
 @pytest.mark.parametrize("call, match", [
-    (dict(attention_mask=torch.zeros(1, 1, 5, 5)), "2-D keep-mask"),
+    (dict(attention_mask=torch.zeros(1, 1, 5, 5)), r"2-D keep-mask \[B=1, <= 5\] or None, got shape \(1, 1, 5, 5\)"),
+    (dict(attention_mask=torch.ones(2, 5, dtype=torch.bool)), r"got shape \(2, 5\)"),
+    (dict(attention_mask=torch.ones(1, 6, dtype=torch.bool)), r"got shape \(1, 6\)"),
     (dict(dropout=0.1), "dropout"),
     (dict(is_causal=False), "causal"),
 ])

@@ -36,15 +36,17 @@ def _sinks_for(s_aux, num_heads, device):
     return s_aux
 
 
-def _check_call(attention_mask, dropout, is_causal, q_len, k_len):
+def _check_call(attention_mask, dropout, is_causal, batch, q_len, k_len):
     if dropout:
         raise ValueError(f"fa3_sink has no attention dropout, got dropout={dropout}; set config.attention_dropout=0.0")
     if not is_causal:
         raise ValueError("fa3_sink implements causal attention only (GPT-OSS is causal); got is_causal=False")
-    if attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.shape[-1] > k_len):
+    if attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.shape[-1] > k_len
+                                       or attention_mask.shape[0] != batch):
         raise ValueError(
-            f"fa3_sink expects a 2-D keep-mask [B, <= {k_len}] or None, got shape {tuple(attention_mask.shape)}; "
-            "import trl_gptoss before building masks so AttentionMaskInterface knows 'fa3_sink'")
+            f"fa3_sink expects a 2-D keep-mask [B={batch}, <= {k_len}] or None, got shape "
+            f"{tuple(attention_mask.shape)}; import trl_gptoss before building masks so AttentionMaskInterface "
+            "knows 'fa3_sink'")
     if q_len > k_len:
         raise ValueError(f"query length {q_len} exceeds key length {k_len}")
 
@@ -136,7 +138,7 @@ def fa3_sink_attention_forward(module, query, key, value, attention_mask, dropou
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     batch, q_len, num_heads, _ = q.shape
     _check_call(attention_mask, dropout, kwargs.get("is_causal", getattr(module, "is_causal", True)),
-                q_len, k.shape[1])
+                batch, q_len, k.shape[1])
     sinks = _sinks_for(s_aux, num_heads, q.device)
     scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
     if attention_mask is not None and attention_mask.shape[-1] < k.shape[1]:
