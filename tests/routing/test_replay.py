@@ -7,23 +7,14 @@ import contextlib
 
 import pytest
 import torch
-from transformers import AttentionInterface
 from transformers.models.gpt_oss.modeling_gpt_oss import GptOssTopKRouter
 
-import trl_gptoss  # noqa: F401  (registers fa3_sink when available)
+from trl_gptoss import FA3_SINK
 from trl_gptoss.experts import patch_gpt_oss_experts
 from trl_gptoss.routing import RoutingRecord, record_routing, replay_routing
 from trl_gptoss.testing import tiny_gpt_oss
 
-ATTENTION = [
-    "eager",
-    pytest.param(
-        "fa3_sink",
-        marks=pytest.mark.skipif(
-            "fa3_sink" not in AttentionInterface._global_mapping, reason="fa3_sink not registered"
-        ),
-    ),
-]
+ATTENTION = ["eager", FA3_SINK]
 BATCH, LENGTH = 2, 48
 
 
@@ -133,7 +124,7 @@ def test_replay_of_the_same_model_gives_identical_gradients():
 
 def test_packed_input_record_and_replay():
     """Packed documents (B=1, restarting position_ids, cu_seq_lens kwargs) record one row per packed token."""
-    model = _model("fa3_sink" if "fa3_sink" in AttentionInterface._global_mapping else "eager")
+    model = _model(FA3_SINK)
     lengths = [13, 30, 21]
     input_ids = torch.randint(0, 512, (1, sum(lengths)), generator=torch.Generator().manual_seed(3))
     position_ids = torch.cat([torch.arange(n) for n in lengths])[None]
