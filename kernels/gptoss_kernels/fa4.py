@@ -7,6 +7,7 @@ SM90/SM100/SM110 (Hopper, Blackwell datacenter), so anything else goes to the pa
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import torch
@@ -18,11 +19,17 @@ _FA4_ARCH_MAJORS = (9, 10, 11)
 
 def fa4_available() -> bool:
     """True when ``flash_attn.cute`` is importable and the current CUDA device is SM90/SM100/SM110."""
-    if not torch.cuda.is_available() or importlib.util.find_spec("flash_attn") is None:
-        return False
-    if importlib.util.find_spec("flash_attn.cute") is None:
+    if not torch.cuda.is_available() or not _fa4_importable():
         return False
     return torch.cuda.get_device_capability()[0] in _FA4_ARCH_MAJORS
+
+
+@functools.lru_cache(maxsize=1)
+def _fa4_importable() -> bool:
+    """Looked up once per process: the dispatch asks on every layer call."""
+    if importlib.util.find_spec("flash_attn") is None:
+        return False
+    return importlib.util.find_spec("flash_attn.cute") is not None
 
 
 def fa4_supports(q, window) -> str | None:
