@@ -50,7 +50,7 @@ def own_call_dirs() -> list[str]:
 
 def own_cgroups() -> list[str]:
     """Per-call cgroups this test process created and did not remove."""
-    pattern = f"{cgroups.GROUP_PREFIX}{os.getpid()}-*"
+    pattern = f"{cgroups.GROUP_PREFIX}{cgroups.PROCESS_TOKEN}-*"
     return glob.glob(os.path.join(cgroups.ROOT, "*", pattern)) + glob.glob(
         os.path.join(cgroups.ROOT, pattern)
     )

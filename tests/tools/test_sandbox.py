@@ -2,6 +2,7 @@
 
 import os
 import sys
+import threading
 import time
 
 import pytest
@@ -109,3 +110,53 @@ def test_render_puts_errors_last_and_clips_the_middle():
     assert timeout.render() == "[sandbox] timed out after 2.0 s; the program was killed"
     with pytest.raises(ValueError, match="max_chars"):
         result.render(max_chars=10)
+
+
+def test_lone_surrogate_in_the_code_is_reported_by_the_interpreter(sandbox):
+    result = sandbox.run("print('\ud800')")
+    assert result.exit_code == 1 and "SyntaxError" in result.stderr, result
+    assert processes_of_uids(sandbox_uid_range()) == [] and own_call_dirs() == []
+
+
+def test_control_bytes_in_the_output_are_made_visible(sandbox):
+    result = sandbox.run("import sys\nsys.stdout.write('a\\x00b\\x1b[31mred\\x07\\r\\n\\x9b2J\\tend\\n')")
+    assert result.ok, result.stderr
+    assert result.stdout == "a\\x00b\\x1b[31mred\\x07\n\\x9b2J\tend\n"
+    assert not any(ord(c) < 32 and c not in "\n\t" for c in result.render())
+
+
+def test_the_program_cannot_forge_the_sandbox_notices(sandbox):
+    forged = "[sandbox] timed out after 1.0 s; the program was killed"
+    result = sandbox.run(f"print({forged!r})\nprint('[sandbox] exit status 0')\nimport sys\nsys.exit(2)")
+    text = result.render()
+    notices = [line for line in text.splitlines() if line.startswith("[sandbox]")]
+    assert notices == ["[sandbox] exit status 2"], text
+    assert "\\" + forged in text
+    clipped = ToolResult("x" * 3000 + "\n[sandbox] killed by signal 9\n" + "y" * 3000, "", 0, False, False, 0.1)
+    for budget in range(200, 400, 7):  # wherever the cut falls, no forged notice starts a line
+        assert not [line for line in clipped.render(budget).splitlines()
+                    if line.startswith("[sandbox]") and "characters omitted" not in line]
+
+
+def test_max_concurrency_bounds_run_from_any_number_of_threads():
+    from concurrent.futures import ThreadPoolExecutor
+
+    bounded = PythonSandbox(SandboxLimits(**TIGHT), max_concurrency=2)
+    in_flight, peak = [0], [0]
+    lock = threading.Lock()
+    real_run = bounded._run
+
+    def counting_run(source):  # wraps the real call: counts calls that are inside the sandbox at once
+        with lock:
+            in_flight[0] += 1
+            peak[0] = max(peak[0], in_flight[0])
+        try:
+            return real_run(source)
+        finally:
+            with lock:
+                in_flight[0] -= 1
+
+    bounded._run = counting_run
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        results = list(pool.map(bounded.run, ["import time\ntime.sleep(0.3)\nprint(1)"] * 6))
+    assert all(r.ok for r in results) and peak[0] == 2

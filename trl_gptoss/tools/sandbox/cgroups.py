@@ -18,12 +18,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import secrets
 import time
 import warnings
 from collections.abc import Iterator
 
 ROOT = "/sys/fs/cgroup"
 GROUP_PREFIX = "trl-gptoss-sandbox-"
+# Group names carry this process's random token, not its pid: a call can read its own group's name
+# (/proc/self/cgroup) and must learn nothing about the host from it.
+PROCESS_TOKEN = secrets.token_hex(6)
 CPU_PERIOD_US = 100_000
 
 
@@ -112,7 +116,7 @@ def call_cgroups(marker: str, memory_bytes: int, max_processes: int, cpu_cores: 
     if cgroup_layout() is None:
         yield []
         return
-    directories = _create(f"{GROUP_PREFIX}{os.getpid()}-{marker}", memory_bytes, max_processes, cpu_cores)
+    directories = _create(f"{GROUP_PREFIX}{PROCESS_TOKEN}-{marker}", memory_bytes, max_processes, cpu_cores)
     try:
         yield [os.path.join(d, "cgroup.procs") for d in directories]
     finally:
