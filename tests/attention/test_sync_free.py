@@ -50,9 +50,10 @@ def count_syncs(monkeypatch):
     return make
 
 
-def _layer_inputs(batch, seqlen, device="cpu", hq=4, hkv=2, dim=16):
+def _layer_inputs(batch, seqlen, device="cpu", hq=4, hkv=2, dim=16, q_len=None):
     module = SimpleNamespace(is_causal=True, num_key_value_groups=hq // hkv, training=True)
-    shapes = ((batch, hq, seqlen, dim), (batch, hkv, seqlen, dim), (batch, hkv, seqlen, dim), (hq,))
+    q_len = seqlen if q_len is None else q_len
+    shapes = ((batch, hq, q_len, dim), (batch, hkv, seqlen, dim), (batch, hkv, seqlen, dim), (hq,))
     return module, [torch.randn(s, device=device).requires_grad_() for s in shapes]
 
 
@@ -69,7 +70,9 @@ CALLS = {
                                                 max_length_q=6)),
     "right-and-left-padding": (2, [[1, 1, 1, 1, 1, 1, 1, 0, 0, 0], [0, 0, 1, 1, 1, 1, 1, 1, 1, 1]], lambda d: {}),
     "holes": (2, [[1, 1, 0, 0, 1, 1, 1, 1, 1, 1], [1, 0, 1, 1, 1, 1, 1, 1, 1, 0]], lambda d: {}),
+    "decoding-3-of-10-with-padding": (2, [[0, 0, 1, 1, 1, 1, 1, 1, 1, 1], [1] * 10], lambda d: {}),
 }
+Q_LEN = {"decoding-3-of-10-with-padding": 3}
 
 
 @pytest.mark.parametrize("window", [None, 3], ids=["full", "window3"])
@@ -78,7 +81,7 @@ def test_second_layer_call_reads_nothing_back(call_id, window, count_syncs):
     batch, mask, make_kwargs = CALLS[call_id]
     mask = None if mask is None else torch.tensor(mask, dtype=torch.bool)
     kwargs = make_kwargs("cpu")
-    module, leaves = _layer_inputs(batch, 10)
+    module, leaves = _layer_inputs(batch, 10, q_len=Q_LEN.get(call_id))
     _call(module, leaves, mask, kwargs, window)  # layer 0: builds and validates the layout (host reads allowed)
     mode = count_syncs()
     with mode:
@@ -101,7 +104,7 @@ def test_no_cuda_sync_after_the_first_layer(call_id):
     batch, mask, make_kwargs = CALLS[call_id]
     mask = None if mask is None else torch.tensor(mask, dtype=torch.bool, device="cuda")
     kwargs = make_kwargs("cuda")
-    module, leaves = _layer_inputs(batch, 10, device="cuda")
+    module, leaves = _layer_inputs(batch, 10, device="cuda", q_len=Q_LEN.get(call_id))
     _call(module, leaves, mask, kwargs, 3)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
