@@ -211,7 +211,7 @@ def bad_input_worker(rank, world):
             None, tiny_gpt_oss(num_attention_heads=3, num_key_value_heads=1),
             ContextParallelPlugin(sp_size=2))),
     }
-    runner = prepare_context_parallel(None, model, ContextParallelPlugin(sp_size=world))
+    runner = prepare_context_parallel(None, DistributedDataParallel(model), ContextParallelPlugin(sp_size=world))
     length = 1 if rank == 0 else 40  # only rank 0's micro-batch is too short
     ids = torch.randint(0, 512, (1, length))
     report["sequence_shorter_than_sp"] = _error_of(

@@ -154,6 +154,20 @@ def _world_size(accelerator) -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+def _check_gradients_are_synchronised(model, module, world_size: int) -> None:
+    """Each rank's sharded backward leaves only its own slice's share of every gradient; the all-reduce of
+    DDP/FSDP2 over the world is what sums the shares. An unwrapped module on several processes would train on
+    per-rank partial gradients without any error, so it is refused."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if world_size > 1 and model is module and not isinstance(model, FSDPModule):
+        raise ValueError(
+            f"prepare_context_parallel got an unwrapped {type(model).__name__} on {world_size} processes: its "
+            "gradients would stay per-rank partial sums. Wrap it first (accelerator.prepare(model), "
+            "torch.nn.parallel.DistributedDataParallel(model) or torch.distributed.fsdp.fully_shard(model))."
+        )
+
+
 def prepare_context_parallel(accelerator, model, plugin: ContextParallelPlugin | None = None):
     """Validate, register ``"ulysses_<inner>"`` on the model, build the SP groups; return the runner.
 
@@ -168,6 +182,7 @@ def prepare_context_parallel(accelerator, model, plugin: ContextParallelPlugin |
     if getattr(module, "is_activation_checkpointing", False):
         raise ValueError("gradient checkpointing recomputes attention outside the sharded forward; disable "
                          "it (context parallelism already divides activation memory by sp_size)")
+    _check_gradients_are_synchronised(model, module, _world_size(accelerator))
     attention = register_ulysses_attention(plugin.inner_attention)
     module.set_attn_implementation(attention)
     return ContextParallelRunner(model, build_sequence_parallel_group(plugin.sp_size), accelerator, attention)
