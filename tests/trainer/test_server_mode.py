@@ -18,8 +18,8 @@ from trl_gptoss.trainer import GptOssGRPOTrainer
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
 
 # An attention that drops GPT-OSS's sinks (sdpa ignores ``s_aux``): what FA2-based trainers compute.
-AttentionInterface.register("sinkless_sdpa", sdpa_attention_forward)
-AttentionMaskInterface.register("sinkless_sdpa", sdpa_mask)
+AttentionInterface.register("sinkless", sdpa_attention_forward)
+AttentionMaskInterface.register("sinkless", sdpa_mask)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_two_steps_with_tool_calls_push_weights_and_match_the_server(taught, tok
     assert _server_vs_trainer_max_diff(trainer, tokenizer) <= 1e-4
 
 
-@pytest.mark.parametrize("attention, sinks_kept", [("fa3_sink", True), ("sinkless_sdpa", False)])
+@pytest.mark.parametrize("attention, sinks_kept", [("fa3_sink", True), ("sinkless", False)])
 def test_figure4_mismatch_metric_sees_missing_sinks(tokenizer, tmp_path, server, attention, sinks_kept):
     """A random tiny model with large sinks (U(-1, 3)): exact attention matches vLLM, sink-less does not."""
     model = tiny_gpt_oss(seed=1)
@@ -84,3 +84,39 @@ def test_figure4_mismatch_metric_sees_missing_sinks(tokenizer, tmp_path, server,
         assert diff <= 1e-4, f"fa3_sink training vs vLLM: max |delta logp| {diff}"
     else:
         assert diff >= 0.1, f"sink-less training vs vLLM: max |delta logp| only {diff}"
+
+
+@pytest.mark.distributed
+def test_two_processes_with_different_tool_call_counts(taught, tmp_path, server):
+    from tests.parallel._harness import launch
+    from tests.trainer._workers import server_mode_rank
+
+    state_path = tmp_path / "taught.pt"
+    torch.save(taught[0], state_path)
+    results = launch(server_mode_rank, 2, tmp_path / "run", server.base_url, str(state_path), str(tmp_path / "out"),
+                     timeout=600)
+    for step in range(2):
+        per_rank = [sorted(r["calls"][step]) for r in results]
+        assert per_rank[0] != per_rank[1], per_rank  # one rank's prompt asks for 1 call, the other's for 2
+    for r in results:
+        assert max(r["diff"]) <= 1e-4 and r["ratio"] == [0.0, 0.0]
+
+
+def test_lora_run_pushes_merged_weights(taught, tokenizer, tmp_path, server):
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                      target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+    args = grpo_args(tmp_path, rollout_backend="vllm_server", rollout_server_url=server.base_url, max_steps=1,
+                     learning_rate=1e-2)
+    trainer = GptOssGRPOTrainer(load_taught(taught[0]), answer_reward, args=args, train_dataset=prompt_dataset([1, 2]),
+                                processing_class=tokenizer, tools=[AddTool()], rollout_system=SYSTEM,
+                                peft_config=lora)
+    trainer.train()
+    peft_model = trainer.accelerator.unwrap_model(trainer.model)
+    trained = [n for n, p in peft_model.named_parameters() if p.requires_grad]
+    assert any("experts" in n for n in trained) and any("q_proj" in n for n in trained)
+    trainer._push_weights_if_stale()
+    assert _server_vs_trainer_max_diff(trainer, tokenizer) <= 1e-4
+    with peft_model.disable_adapter():  # the adapters matter: the base model alone scores differently
+        assert _server_vs_trainer_max_diff(trainer, tokenizer) > 1e-3

@@ -5,15 +5,10 @@ import math
 import pytest
 import torch
 
-from tests.trainer.helpers import grpo_args, logged, prompt_dataset
+from tests.trainer.helpers import grpo_args, length_reward, logged, prompt_dataset
 from trl_gptoss.routing import record_routing
 from trl_gptoss.testing import tiny_gpt_oss
 from trl_gptoss.trainer import GptOssGRPOTrainer
-
-
-def length_reward(completions, **kwargs) -> list[float]:
-    """Varies across samples of one prompt, so advantages (and the policy gradient) are not all zero."""
-    return [float(len(c[0]["content"]) % 5) for c in completions]
 
 
 def _trainer(tokenizer, tmp_path, **overrides):
