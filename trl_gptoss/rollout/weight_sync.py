@@ -17,6 +17,7 @@ import torch
 _PEFT_PREFIX = "base_model.model."
 _LAYER_RE = re.compile(r"^(.*?\.layers\.\d+)\.")
 _MODULES_TO_SAVE_RE = re.compile(r"\.modules_to_save\.[^.]+\.")
+_BASE_LAYER_RE = re.compile(r"(?:\.base_layer)+\.")
 
 
 def unwrap(model):
@@ -49,7 +50,8 @@ def checkpoint_name(name: str) -> str | None:
         return None
     if name.startswith(_PEFT_PREFIX):
         name = name[len(_PEFT_PREFIX):]
-    return _MODULES_TO_SAVE_RE.sub(".", name).replace(".base_layer.", ".")
+    # PEFT nests one ``base_layer`` per wrapped parameter (experts with LoRA on gate_up_proj AND down_proj)
+    return _BASE_LAYER_RE.sub(".", _MODULES_TO_SAVE_RE.sub(".", name))
 
 
 def layer_key(name: str) -> str:
