@@ -17,21 +17,21 @@ of those may be half-imported at that moment.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import sys
 import threading
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
 
+# Plain classes below, no dataclasses/importlib.abc: those two imports alone would double this module's cost.
 _WATCHED_ROOTS = ("transformers", "trl_gptoss")
 
 
-@dataclass(frozen=True)
 class _Task:
-    trigger: str  # the transformers module whose import makes the registration possible
-    package: str  # the trl_gptoss package that registers
-    register: Callable[[object], object]  # called with that package
+    """Once ``trigger`` (a transformers module) is imported, ``register(import_module(package))``."""
+
+    __slots__ = ("trigger", "package", "register")
+
+    def __init__(self, trigger: str, package: str, register):
+        self.trigger, self.package, self.register = trigger, package, register
 
 
 _pending: list[_Task] = []
@@ -62,11 +62,14 @@ def _run_ready_tasks() -> None:
         sys.meta_path.remove(_WATCHER)
 
 
-class _NotifyingLoader(importlib.abc.Loader):
+class _NotifyingLoader:
     """Runs the real loader (counting nested watched imports), puts it back on the module, then registers."""
 
-    def __init__(self, loader: importlib.abc.Loader):
+    def __init__(self, loader):
         self._loader = loader
+
+    def __getattr__(self, name):  # get_source, get_resource_reader, ...: whatever the real loader offers
+        return getattr(self._loader, name)
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
@@ -81,7 +84,7 @@ class _NotifyingLoader(importlib.abc.Loader):
         _run_ready_tasks()
 
 
-class _Watcher(importlib.abc.MetaPathFinder):
+class _Watcher:
     """Finds nothing itself: asks the finders after it and wraps the loader of a watched module."""
 
     def find_spec(self, fullname, path, target=None):
