@@ -11,7 +11,6 @@ from trl_gptoss.parallel.attention import (
     ulysses_attention_forward,
 )
 from trl_gptoss.parallel.batching import PackedRows, pack_rows, token_log_probs, unpack_token_values
-from trl_gptoss.parallel.comm import gather_sequence, heads_to_seq, seq_to_heads
 from trl_gptoss.parallel.config import ContextParallelPlugin
 from trl_gptoss.parallel.engine import ContextParallelRunner, StepResult, prepare_context_parallel
 from trl_gptoss.parallel.groups import SequenceParallelGroup, build_sequence_parallel_group
@@ -23,12 +22,9 @@ __all__ = [
     "SequenceParallelGroup",
     "StepResult",
     "build_sequence_parallel_group",
-    "gather_sequence",
-    "heads_to_seq",
     "pack_rows",
     "prepare_context_parallel",
     "register_ulysses_attention",
-    "seq_to_heads",
     "sharded_forward",
     "token_log_probs",
     "ulysses_attention_forward",
