@@ -24,8 +24,8 @@ def tok():
 
 def test_state_persists_last_expression_echoes_and_replays_are_silent(python_tool):
     session = PythonSession(python_tool)
-    first = session.run("import os\nx = 6 * 7\nprint('side effect')\nos.system('echo from a subprocess')\nx")
-    assert first.ok and first.stdout == "side effect\nfrom a subprocess\n42\n"
+    first = session.run("import os\nx = 6 * 7\nprint('side effect', flush=True)\nos.write(1, b'raw fd\\n')\nx")
+    assert first.ok and first.stdout == "side effect\nraw fd\n42\n"  # the replay below must silence both
     second = session.run("y = x + 1\ny")
     assert second.ok and second.stdout == "43\n" and second.stderr == ""
     assert session.run("None").stdout == ""  # like a notebook, None is not echoed
@@ -71,8 +71,8 @@ def test_function_form_body_and_bad_input(python_tool):
 
 
 def _python_turn(code: str) -> str:
-    return f"<|channel|>analysis<|message|>Let me run code.<|end|><|start|>assistant to=python<|channel|>analysis code" \
-           f"<|message|>{code}<|call|>"
+    return ("<|channel|>analysis<|message|>Let me run code.<|end|><|start|>assistant to=python<|channel|>analysis "
+            f"code<|message|>{code}<|call|>")
 
 
 @pytest.mark.parametrize("stateful", [True, False], ids=["stateful", "stateless"])
@@ -101,5 +101,6 @@ def test_functions_python_with_a_json_body_shares_the_session(tok, python_tool):
     turns = [call % "z = 5", _python_turn("z * 3"), final("15")]
     engine = scripted(tok, [(prompt, turns)], tools=[python_tool], python_tool=True)
     (r,) = run_rollouts(engine, [prompt], tokenizer=tok, tools=[python_tool])
-    assert [m.text for m in r.messages if m.role == "tool"] == ["[no output]", "15"]
+    first, second = [m.text for m in r.messages if m.role == "tool"]
+    assert "no output" in first and second == "15"
     assert r.num_tool_errors == 0 and r.final_answer == "15"
