@@ -110,7 +110,7 @@ def sink_attention(q, k, v, sinks, *, cu_seqlens=None, max_seqlen=None, window=N
         ``o`` shaped and typed like ``q``; differentiable in q, k, v and sinks.
     """
     info = check_sink_attention_inputs(q, k, v, sinks, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
-                                       window=window, key_mask=key_mask)
+                                       window=window, key_mask=key_mask, scale=scale)
     chosen, reason = select_backend(q, k, cu_seqlens, window, backend, key_mask)
     _log_choice_once(chosen, reason)
     if chosen == "reference":

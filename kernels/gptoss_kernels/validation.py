@@ -8,6 +8,7 @@ step and handed to every layer is read back once, not once per layer.
 
 from __future__ import annotations
 
+import math
 import os
 import weakref
 from typing import NamedTuple
@@ -116,7 +117,15 @@ def check_window(window):
                          "full causal attention: pass window=None")
 
 
-def check_sink_attention_inputs(q, k, v, sinks, *, cu_seqlens=None, max_seqlen=None, window=None, key_mask=None):
+def check_scale(scale):
+    if scale is None:
+        return
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a positive finite number (default head_dim ** -0.5), got {scale!r}")
+
+
+def check_sink_attention_inputs(q, k, v, sinks, *, cu_seqlens=None, max_seqlen=None, window=None, key_mask=None,
+                                scale=None):
     """Raise ``ValueError`` naming what to change when the tensors do not fit the sink-attention contract.
 
     Returns the ``CuSeqlensInfo`` of a packed layout (None for batched) so callers need not read it again.
@@ -126,6 +135,7 @@ def check_sink_attention_inputs(q, k, v, sinks, *, cu_seqlens=None, max_seqlen=N
     _check_tensors(q, k, v, rank, layout)
     _check_sinks(sinks, q.shape[-2], q.device)
     check_window(window)
+    check_scale(scale)
     if rank == 4:
         if k.shape[0] != q.shape[0] or k.shape[1] < q.shape[1]:
             raise ValueError(

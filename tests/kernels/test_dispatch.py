@@ -94,6 +94,8 @@ BAD_INPUTS = {
     "head-dim-0": (_bad(q=torch.randn(1, 6, 4, 0), k=torch.randn(1, 6, 2, 0), v=torch.randn(1, 6, 2, 0)),
                    "head_dim is 0"),
     "key-mask-not-bool": (_bad(key_mask=torch.ones(1, 6)), "key_mask must be a bool"),
+    "scale-negative": (_bad(scale=-0.5), "scale must be a positive"),
+    "scale-nan": (_bad(scale=float("nan")), "scale must be a positive"),
     "key-mask-wrong-shape": (_bad(key_mask=torch.ones(1, 5, dtype=torch.bool)), r"key_mask must have shape"),
 }
 
