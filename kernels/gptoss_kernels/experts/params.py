@@ -39,10 +39,14 @@ def _check_params(params: ExpertParams) -> tuple[int, int]:
     if params.gate_up_proj.dim() != 3 or params.gate_up_proj.shape[-1] % 2:
         raise ValueError(f"gate_up_proj must be [E, H, 2I], got {tuple(params.gate_up_proj.shape)}")
     num_experts, hidden_size, two_inter = params.gate_up_proj.shape
-    expected = (None, (num_experts, two_inter), (num_experts, two_inter // 2, hidden_size), (num_experts, hidden_size))
-    for name, tensor, shape in zip(params._fields[1:], params[1:], expected[1:]):
-        if tuple(tensor.shape) != shape:
-            raise ValueError(f"{name} must have shape {shape}, got {tuple(tensor.shape)}")
+    expected = {
+        "gate_up_proj_bias": (num_experts, two_inter),
+        "down_proj": (num_experts, two_inter // 2, hidden_size),
+        "down_proj_bias": (num_experts, hidden_size),
+    }
+    for name, shape in expected.items():
+        if tuple(getattr(params, name).shape) != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(getattr(params, name).shape)}")
     return num_experts, hidden_size
 
 
