@@ -97,8 +97,10 @@ def test_many_processes_together_over_the_memory_budget_are_oom_killed(sandbox):
         "    kids.append(pid)\n"
         "print(sorted(os.waitstatus_to_exitcode(os.waitpid(k, 0)[1]) for k in kids))\n"
     )
-    result = sandbox.run(code)
-    assert result.ok, result.stderr
+    # Reclaim at the cgroup limit is slow on a loaded 2-core host: more wall clock and CPU quota for this case.
+    roomy = PythonSandbox(SandboxLimits(**{**TIGHT, "wall_seconds": 15.0, "cpu_cores": 2.0}))
+    result = roomy.run(code)
+    assert result.ok, result
     statuses = ast.literal_eval(result.stdout)
     assert -9 in statuses, "no child was OOM-killed although the group went over its budget"
     assert statuses.count(0) <= 4

@@ -124,14 +124,16 @@ class PythonSandbox:
         marker = uuid.uuid4().hex
         limits = self.limits
         with (
-            userns.PROCESS_UID_SLOTS.uid() as uid,
+            userns.PROCESS_UID_SLOTS.lease() as lease,
             cgroups.call_cgroups(marker, limits.memory_bytes, limits.max_processes, limits.cpu_cores) as procs,
             self._call_dir() as call_dir,
         ):
-            proc = self._launch(source, uid if self._is_root else None, procs, marker, call_dir)
+            proc = self._launch(source, lease.uid if self._is_root else None, procs, marker, call_dir)
+            truncated = timed_out = True  # until _collect says otherwise (it may raise)
             try:
                 out, err, truncated, timed_out = _collect(proc, start + limits.wall_seconds, limits.output_bytes)
             finally:
+                lease.killed = truncated or timed_out
                 _kill_group(proc)
                 if self.isolation == "process":
                     process.kill_marked(marker)

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -100,30 +101,52 @@ def user_namespace_problem() -> str | None:
     return None if probe.returncode == 0 else probe.stderr.decode(errors="replace").strip()
 
 
+class UidLease:
+    """One call's host uid; ``killed`` (set by the caller) keeps the uid out of use for ``REUSE_AFTER`` s."""
+
+    def __init__(self, uid: int):
+        self.uid = uid
+        self.killed = False
+
+
 class UidSlots:
     """Hands out a distinct unprivileged host uid to each running call of this Python process.
 
-    ``pytest -n 2`` workers (different pids) never share uids. Slots are reused first-in first-out: a
-    finished call's killed processes may linger as zombies for a moment, and they still count towards
-    ``RLIMIT_NPROC`` of their uid, so the next call must not inherit that uid at once. One instance per
-    process (``PROCESS_UID_SLOTS``), shared by every sandbox, for the same reason.
+    ``pytest -n 2`` workers (different pids) never share uids. Released uids are reused oldest first, so a
+    process opens about as many as its peak concurrency (each with its user namespace, built once). A call
+    that was killed from the host may leave its PID namespace dying for a moment, and those processes still
+    count towards ``RLIMIT_NPROC`` of their uid: its uid waits ``REUSE_AFTER`` seconds before reuse. One
+    instance per process (``PROCESS_UID_SLOTS``), shared by every sandbox.
     """
+
+    REUSE_AFTER = 1.0
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._free = collections.deque(range(SLOTS_PER_PROCESS))
+        self._free: collections.deque[tuple[int, float]] = collections.deque()  # (slot, usable from)
+        self._opened = 0
+
+    def _take(self) -> int:
+        with self._lock:
+            if self._free and self._free[0][1] <= time.monotonic():
+                return self._free.popleft()[0]
+            if self._opened < SLOTS_PER_PROCESS:
+                self._opened += 1
+                return self._opened - 1
+            if self._free:
+                return self._free.popleft()[0]
+        raise ValueError(f"more than {SLOTS_PER_PROCESS} concurrent sandbox calls; lower max_concurrency.")
 
     @contextmanager
-    def uid(self) -> Iterator[int]:
-        with self._lock:
-            if not self._free:
-                raise ValueError(f"more than {SLOTS_PER_PROCESS} concurrent sandbox calls; lower max_concurrency.")
-            slot = self._free.popleft()
+    def lease(self) -> Iterator[UidLease]:
+        slot = self._take()
+        lease = UidLease(UID_BASE + (os.getpid() % (1 << 20)) * SLOTS_PER_PROCESS + slot)
         try:
-            yield UID_BASE + (os.getpid() % (1 << 20)) * SLOTS_PER_PROCESS + slot
+            yield lease
         finally:
+            usable_from = time.monotonic() + (self.REUSE_AFTER if lease.killed else 0.0)
             with self._lock:
-                self._free.append(slot)
+                self._free.append((slot, usable_from))
 
 
 PROCESS_UID_SLOTS = UidSlots()
