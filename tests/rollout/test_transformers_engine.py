@@ -133,3 +133,21 @@ def test_push_weights_is_noop_for_same_model_and_copies_otherwise(model):
     engine.push_weights(engine.model)  # no-op
     with pytest.raises(ValueError, match="mlp.experts.gate_up_proj"):
         engine.push_weights(tiny_gpt_oss(seed=0, intermediate_size=64))
+
+
+def test_push_of_a_peft_model_sends_merged_weights_and_leaves_adapters(model):
+    peft = pytest.importorskip("peft")
+    trainer = peft.get_peft_model(tiny_gpt_oss(seed=0, initializer_range=0.15),
+                                  peft.LoraConfig(r=4, target_modules=["q_proj", "o_proj"], init_lora_weights=False))
+    ids = torch.tensor([[5, 40, 41, 42, 7]])
+    with torch.no_grad():
+        before = trainer(input_ids=ids).logits
+    engine = TransformersEngine(tiny_gpt_oss(seed=1, initializer_range=0.15))
+    engine.push_weights(trainer)
+    with torch.no_grad():
+        assert torch.allclose(engine.model(input_ids=ids).logits, before, atol=1e-5)  # merged = adapted model
+        # adapters unmerged again and still active (PEFT's unmerge subtracts the delta: ulp-level rounding)
+        assert torch.allclose(trainer(input_ids=ids).logits, before, atol=1e-5)
+    assert not any(getattr(m, "merged", False) for m in trainer.modules())
+    q_proj = engine.model.model.layers[0].self_attn.q_proj.weight
+    assert not torch.equal(q_proj, model.model.layers[0].self_attn.q_proj.weight), "LoRA delta was not merged"

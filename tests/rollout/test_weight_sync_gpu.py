@@ -1,0 +1,46 @@
+"""GPU weight push (vLLM NCCL weight transfer + direct sinks/experts): a pushed server equals a fresh one.
+
+Needs CUDA and vLLM in this interpreter; skipped elsewhere (never run on the CPU-only CI machine).
+"""
+
+import pytest
+import torch
+
+from trl_gptoss.rollout import VLLMServer, VLLMServerEngine
+from trl_gptoss.rollout.weight_sync_vllm import NCCLWeightPusher
+from trl_gptoss.testing import save_tiny_checkpoint, tiny_gpt_oss
+
+pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
+
+SEQUENCE = list(range(5, 45))
+
+
+def _scores(engine) -> torch.Tensor:
+    payload = {"model": engine.model, "prompt": SEQUENCE, "max_tokens": 1, "prompt_logprobs": 0,
+               "return_tokens_as_token_ids": True}
+    entries = engine.request("POST", "/v1/completions", payload)["choices"][0]["prompt_logprobs"][1:]
+    return torch.tensor([next(v["logprob"] for k, v in e.items() if k in (str(t), f"token_id:{t}"))
+                         for t, e in zip(SEQUENCE[1:], entries)])
+
+
+def test_nccl_push_of_every_group_equals_a_fresh_server(tmp_path):
+    pytest.importorskip("vllm")
+    base = tiny_gpt_oss(seed=0, initializer_range=0.15)
+    trained = tiny_gpt_oss(seed=0, initializer_range=0.15)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # every parameter moves: sinks, experts, router, attention, embeddings, norms, head
+        for param in trained.parameters():
+            param.add_(0.3 * max(float(param.std()), 0.1) * torch.randn(param.shape, generator=generator))
+    save_tiny_checkpoint(tmp_path / "base", base)
+    save_tiny_checkpoint(tmp_path / "trained", trained)
+    with VLLMServer(tmp_path / "trained", device="cuda", dtype="float32", max_model_len=256) as server:
+        fresh = _scores(VLLMServerEngine(server.base_url))
+    with VLLMServer(tmp_path / "base", device="cuda", dtype="float32", max_model_len=256) as server:
+        engine = VLLMServerEngine(server.base_url)
+        before = _scores(engine)
+        engine.push_weights(trained.cuda())
+        assert isinstance(engine._weight_sync, NCCLWeightPusher)
+        after = _scores(engine)
+        engine.close()
+    assert (before - fresh).abs().max() > 1e-2
+    assert (after - fresh).abs().max() <= 1e-4, (after - fresh).abs().max()
