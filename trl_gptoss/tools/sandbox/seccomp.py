@@ -30,8 +30,7 @@ LD_W_ABS, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
 RET_ALLOW, RET_ERRNO, RET_KILL_PROCESS = 0x7FFF0000, 0x00050000, 0x80000000
 NR_OFFSET, ARCH_OFFSET, ARG0_OFFSET, ARG1_OFFSET = 0, 4, 16, 24  # struct seccomp_data (low 32 bits of args)
 X32_SYSCALL_BIT = 0x40000000
-CLONE_NEW_FLAGS = 0x7E020000  # NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET (also CLONE_NEWTIME: 0x80)
-CLONE_NEWTIME = 0x80
+CLONE_NEW_FLAGS = 0x7E020000  # NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET (NEWTIME needs clone3/unshare)
 ALLOWED_SOCKET_FAMILIES = (1, 2, 10)  # AF_UNIX, AF_INET, AF_INET6
 TIOCSTI = 0x5412
 
@@ -103,7 +102,7 @@ def build_filter(machine: str | None = None) -> bytes:
         if name not in ARG_CHECKED:
             prog += _deny_if(number, eperm)
     prog += _deny_if(nr["clone3"], _errno(errno.ENOSYS))
-    new_namespace = [_insn(JSET, CLONE_NEW_FLAGS | CLONE_NEWTIME, 0, 1), _insn(RET, eperm)]
+    new_namespace = [_insn(JSET, CLONE_NEW_FLAGS, 0, 1), _insn(RET, eperm)]
     prog += _check_arg(nr["clone"], ARG0_OFFSET, new_namespace)
     # After the JEQs, a match jumps over the remaining JEQs and the RET to the reload of the syscall number.
     family_check = [
