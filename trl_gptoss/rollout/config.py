@@ -29,7 +29,9 @@ class RolloutConfig:
     seed: int | None = field(
         default=0,
         metadata={"help": "Base seed: conversation i, turn t samples with seed derive_seed(seed, i, t). "
-                          "Change it every training step (e.g. base + step); None = the engine's own stream."},
+                          "Change it every training step, and per process when several processes roll out the "
+                          "same prompts (e.g. (base + step) * world_size + rank), or their samples coincide; "
+                          "None = the engine's own stream."},
     )
     max_concurrent_tools: int = field(
         default=4, metadata={"help": "Tool calls running at once (worker threads; sandbox calls are processes)."}

@@ -144,7 +144,7 @@ class _Conversation:
         r.num_turns += 1
         parsed = parse_completion(tokens, self.codec, role="assistant")
         r.messages += parsed.messages
-        r.errors += [f"turn {r.num_turns}: {e.kind}: {e.message}" for e in parsed.errors if not parsed.truncated]
+        r.errors += [f"turn {r.num_turns}: {e.kind}: {e.message}" for e in parsed.errors if e.kind != "truncated"]
         if tokens[-1] not in (self.call_id, self.return_id):
             return "length" if generation.finish_reason == "length" or len(tokens) == room else "parse_error"
         last_complete = bool(parsed.spans) and parsed.spans[-1][1] == len(tokens)

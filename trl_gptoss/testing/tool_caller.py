@@ -69,11 +69,13 @@ def trajectory_ids(tokenizer, trajectory: ToolTrajectory) -> tuple[list[int], li
     return prompt, completion, mask
 
 
-def overfit(model, tokenizer, trajectories, *, steps: int = 300, lr: float = 3e-3, seed: int = 0) -> list[float]:
+def overfit(model, tokenizer, trajectories, *, steps: int = 300, lr: float = 2e-3, seed: int = 0,
+            check_every: int = 0) -> list[float]:
     """Train ``model`` (in place, full batch, AdamW) on the sampled tokens of ``trajectories``; returns losses.
 
     Loss: mean next-token cross-entropy over the tokens the model will sample (``completion_mask`` 1), as an
     RL trainer would weight them; the inserted tool replies are context only. Right padding, masked out.
+    ``check_every=N`` stops early once greedy decoding ``reproduces`` every trajectory (checked every N steps).
     """
     torch.manual_seed(seed)
     rows = [trajectory_ids(tokenizer, t) for t in trajectories]
@@ -94,6 +96,11 @@ def overfit(model, tokenizer, trajectories, *, steps: int = 300, lr: float = 3e-
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
+        if check_every and len(losses) % check_every == 0:
+            model.eval()
+            if all(reproduces(model, tokenizer, t) for t in trajectories):
+                break
+            model.train()
     model.eval()
     return losses
 
