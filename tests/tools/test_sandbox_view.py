@@ -6,6 +6,7 @@ import glob
 import os
 import socket
 import sys
+import tempfile
 
 import pytest
 
@@ -94,9 +95,14 @@ def test_host_sysv_shared_memory_is_out_of_reach_and_call_segments_die_with_the_
         libc.shmctl(shmid, 0, None)  # IPC_RMID
 
 
-def test_host_unix_sockets_are_unreachable(sandbox, tmp_path):
-    os.chmod(tmp_path, 0o777)
-    path = str(tmp_path / "host.sock")
+def test_host_unix_sockets_are_unreachable(sandbox):
+    # Outside /tmp, where daemons keep their sockets (/run): a private /tmp alone would not hide it.
+    with tempfile.TemporaryDirectory(dir="/run" if os.access("/run", os.W_OK) else os.getcwd()) as where:
+        os.chmod(where, 0o777)
+        _check_unix_sockets(sandbox, os.path.join(where, "host.sock"))
+
+
+def _check_unix_sockets(sandbox, path):
     abstract = f"\0trl-gptoss-test-{os.getpid()}"
     with socket.socket(socket.AF_UNIX) as by_path, socket.socket(socket.AF_UNIX) as by_name:
         by_path.bind(path)
