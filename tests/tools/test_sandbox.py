@@ -87,6 +87,8 @@ def test_bad_arguments_raise_value_error(sandbox):
         PythonSandbox(isolation="docker")
     with pytest.raises(ValueError, match="max_concurrency"):
         PythonSandbox(max_concurrency=0)
+    with pytest.raises(ValueError, match="packages"):
+        PythonSandbox(packages="numpy")
     with pytest.raises(ValueError, match="code must be a str"):
         sandbox.run(b"print(1)")
 

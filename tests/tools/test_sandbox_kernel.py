@@ -127,5 +127,5 @@ def test_start_up_fails_clearly_where_user_namespaces_are_disabled():
         capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    for hint in ("user.max_user_namespaces", "isolation='process'"):
-        assert hint in out.stdout, out.stdout
+    for hint in ("unshare(CLONE_NEWUSER)", "user.max_user_namespaces", "isolation='process'"):
+        assert out.stdout.count(hint) == 1, out.stdout

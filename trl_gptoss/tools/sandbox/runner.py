@@ -86,6 +86,8 @@ class PythonSandbox:
         self.max_concurrency = max_concurrency
         self._running = threading.BoundedSemaphore(max_concurrency)
         self.python = os.path.abspath(python_executable or sys.executable)
+        if isinstance(packages, str) or not all(isinstance(p, str) and p.isidentifier() for p in packages):
+            raise ValueError(f"packages must be a tuple of top-level module names, got {packages!r}.")
         self.isolation = "process" if isolation == "process" else "namespaces"
         self._is_root = os.geteuid() == 0
         if self.isolation == "namespaces":

@@ -43,7 +43,7 @@ _HELPER = (
 
 
 class UserNamespaceError(RuntimeError):
-    """The host does not let us create user namespaces; the message says how to enable them."""
+    """The host does not let us create user namespaces (``PythonSandbox`` adds how to enable them)."""
 
 
 class UserNamespaces:
@@ -67,7 +67,7 @@ def _map_new_namespace(host_uid: int) -> int:
     try:
         status = os.read(helper.stdout.fileno(), 256)
         if status != b"+":
-            raise UserNamespaceError(USERNS_HELP.format(reason=f"unshare(CLONE_NEWUSER): {status.decode()}"))
+            raise UserNamespaceError(f"unshare(CLONE_NEWUSER): {status.decode(errors='replace')}")
         mapping = f"0 0 1\n{SANDBOX_UID} {host_uid} 1\n"
         for kind in ("uid_map", "gid_map"):
             with open(f"/proc/{helper.pid}/{kind}", "w") as f:
