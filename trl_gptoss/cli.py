@@ -5,7 +5,8 @@ Subcommands available now:
   rollout virtualenv is present (``--json`` for machines).
 - ``tokenizer``: build (or locate) the offline o200k Harmony tokenizer, print where it is cached, optionally
   save it with its chat template (``--save DIR``).
-The training entry points (``grpo``) arrive with the trainer.
+- ``grpo`` / ``demo`` / ``plot``: the main GRPO job, the CPU embedded default, training curves
+  (``trl_gptoss.demo.cli_commands``).
 """
 
 from __future__ import annotations
@@ -115,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--save", metavar="DIR", help="also save_pretrained it (vocabulary + chat template) to DIR")
     tok.set_defaults(func=_cmd_tokenizer)
     _add_vllm_serve(sub)
+    from trl_gptoss.demo.cli_commands import register as register_training_commands
+
+    register_training_commands(sub)
     return parser
 
 

@@ -1,0 +1,76 @@
+"""The end of a run: plots, model card, and the before/after summary the demo prints.
+
+"Before" and "after" are the mean over the first and the last 20% of GRPO steps (at least one step each) of
+what the trainer logged every step: ``reward``, ``tools/call_frequency`` (tool calls per episode) and the
+train-inference mismatch ``rollout_corr/abs_logp_diff_max`` (its maximum over the whole run).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from trl_gptoss.plotting import series
+
+WINDOW = 0.2
+
+
+def _window_means(values: list[float]) -> tuple[float, float]:
+    n = max(1, math.ceil(len(values) * WINDOW))
+    return sum(values[:n]) / n, sum(values[-n:]) / n
+
+
+def summarize(history: list[dict]) -> dict:
+    """Before/after means and extremes from a log history (``trainer.state.log_history``)."""
+    summary = {"steps": len(series(history, "reward")[1])}
+    for key, name in (("reward", "reward"), ("tools/call_frequency", "tool_calls_per_episode")):
+        values = series(history, key)[1]
+        if values:
+            summary[f"{name}_first_20pct"], summary[f"{name}_last_20pct"] = _window_means(values)
+    for key, name in (("rollout_corr/abs_logp_diff_max", "max_abs_logp_diff"),
+                      ("policy/ratio_max_abs_dev", "max_ratio_dev")):
+        values = series(history, key)[1]
+        if values:
+            summary[name] = max(values)
+    return summary
+
+
+def format_summary(summary: dict, paths: dict) -> str:
+    def pair(name):
+        a, b = summary.get(f"{name}_first_20pct"), summary.get(f"{name}_last_20pct")
+        return "-" if a is None else f"{a:+.3f} -> {b:+.3f}  (first -> last 20% of {summary['steps']} steps)"
+
+    lines = [
+        "",
+        "=" * 78,
+        f"reward                   {pair('reward')}",
+        f"tool calls per episode   {pair('tool_calls_per_episode')}",
+        f"max |logp_train - logp_rollout| over the run: {summary.get('max_abs_logp_diff', float('nan')):.2e}",
+        f"max |PPO ratio - 1| over the run:            {summary.get('max_ratio_dev', float('nan')):.2e}",
+    ]
+    lines += [f"{name:<24} {path}" for name, path in paths.items()]
+    lines.append("=" * 78)
+    return "\n".join(lines)
+
+
+def finish_run(trainer, *, base_model, plot: bool = True) -> dict:
+    """Write plots (before the model card, which embeds them), the card, ``summary.json``; print the summary."""
+    output_dir = Path(trainer.args.output_dir)
+    paths = {"checkpoint": output_dir, "log history": output_dir / "trainer_state.json"}
+    if trainer.is_world_process_zero():
+        trainer.state.save_to_json(str(output_dir / "trainer_state.json"))
+        if plot:
+            from trl_gptoss.plotting import plot_runs
+
+            plot_runs([output_dir], output_dir / "plots", labels=[output_dir.name])
+            paths["plots"] = output_dir / "plots"
+    model_name = base_model if isinstance(base_model, str) else None
+    trainer.create_model_card(model_name=Path(model_name).name if model_name else None)
+    paths["model card"] = output_dir / "README.md"
+    summary = summarize(trainer.state.log_history)
+    summary["paths"] = {k: str(v) for k, v in paths.items()}
+    if trainer.is_world_process_zero():
+        (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        print(format_summary(summary, paths))
+    return summary
