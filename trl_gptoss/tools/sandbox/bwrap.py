@@ -12,7 +12,10 @@ host process dies, ``--new-session`` detaches it from any terminal.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
 import subprocess
 
 from trl_gptoss.tools.sandbox.init import CallConfig
@@ -21,7 +24,6 @@ from trl_gptoss.tools.sandbox.userns import PROCESS_USER_NAMESPACES, SANDBOX_UID
 from trl_gptoss.tools.sandbox.view import INIT_INSIDE, WORKDIR, HostView, bwrap_path
 
 NAMESPACES = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try")
-CGROUP_INSIDE = "/.sandbox/cgroup/{}"
 
 
 def _pipe_with(data: bytes) -> int:
@@ -51,8 +53,16 @@ def launch(
     seccomp_filter: bytes | None,
 ) -> subprocess.Popen:
     """Start the call; stdout/stderr are pipes, stdin is ``/dev/null``. ``host_uid``: the unprivileged host uid
-    the code runs as (root hosts), or ``None`` to let bubblewrap map the host's own uid (non-root hosts)."""
+    the code runs as (root hosts), or ``None`` to let bubblewrap map the host's own uid (non-root hosts).
+
+    The call joins ``cgroup_procs`` from the host while bubblewrap sets up its mounts: bubblewrap reports its
+    child's pid (``--info-fd``) right after creating the namespaces and waits (``--block-fd``) before it forks
+    the interpreter, so both of its processes, and every process the call starts later, are in the groups
+    before any model-written code runs, and no cgroup file is ever visible inside."""
     fds: list[int] = []
+    info_read, info_write = os.pipe()
+    block_read, block_write = os.pipe()
+    fds += [info_write, block_read]
     try:
         code_fd = _memfd_with(source)
         fds.append(code_fd)
@@ -60,8 +70,7 @@ def launch(
         for key, value in env.items():
             args += ["--setenv", key, value]
         if host_uid is not None:
-            userns_fd = PROCESS_USER_NAMESPACES.fd_for(host_uid)
-            fds.append(os.dup(userns_fd))
+            fds.append(os.dup(PROCESS_USER_NAMESPACES.fd_for(host_uid)))
             # Set up as the namespace's root (kuid 0), which init.py leaves for SANDBOX_UID.
             args += ["--userns", str(fds[-1]), "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         else:
@@ -72,9 +81,7 @@ def launch(
         args += ["--size", str(limits.disk_bytes), "--perms", "1777", "--tmpfs", "/dev/shm"]
         args += list(view.args)
         args += ["--perms", "0777", "--dir", WORKDIR, "--perms", "0444", "--file", str(code_fd), f"{WORKDIR}/main.py"]
-        for i, path in enumerate(cgroup_procs):
-            args += ["--bind", path, CGROUP_INSIDE.format(i)]
-        args += ["--chdir", WORKDIR]
+        args += ["--chdir", WORKDIR, "--info-fd", str(info_write), "--block-fd", str(block_read)]
         if seccomp_filter is not None:
             fds.append(_pipe_with(seccomp_filter))
             args += ["--seccomp", str(fds[-1])]
@@ -87,10 +94,10 @@ def launch(
             nproc=limits.max_processes + 1,  # + bubblewrap's PID 1 when it shares the uid (non-root hosts)
             uid=SANDBOX_UID if host_uid is not None else -1,
             block_sockets=False,
-            cgroup_procs=[CGROUP_INSIDE.format(i) for i in range(len(cgroup_procs))],
+            cgroup_procs=(),
         )
         argv = ["bwrap", "--args", str(fds[-1]), view.python, "-I", "-u", INIT_INSIDE, *config.to_argv()]
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             argv,
             executable=bwrap_path(),
             stdin=subprocess.DEVNULL,
@@ -101,6 +108,36 @@ def launch(
             cwd="/",
             start_new_session=True,
         )
+    except BaseException:
+        os.close(block_write)
+        os.close(info_read)
+        raise
     finally:
         for fd in fds:
             os.close(fd)
+    _join_then_release(proc, info_read, block_write, cgroup_procs)
+    return proc
+
+
+def _join_then_release(proc: subprocess.Popen, info_read: int, block_write: int, cgroup_procs: list[str]) -> None:
+    """Move bubblewrap's two processes into the call's cgroups, then let it start the interpreter. If that
+    fails, both are killed before the interpreter exists (a closed block pipe would also let bubblewrap go on)."""
+    child = None
+    try:
+        with os.fdopen(info_read, "rb") as info:
+            report = info.read()  # EOF once bubblewrap wrote it (or died)
+        if report:
+            child = json.loads(report)["child-pid"]
+            for path in cgroup_procs:
+                for pid in (proc.pid, child):
+                    with open(path, "w") as f:
+                        f.write(str(pid))
+        os.write(block_write, b"go")
+    except BaseException:
+        for pid in (child, proc.pid):
+            with contextlib.suppress(OSError, TypeError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    finally:
+        os.close(block_write)
