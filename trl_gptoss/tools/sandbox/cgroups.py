@@ -9,8 +9,9 @@ call could keep every core busy for its whole wall time). Supported layouts: cgr
 hierarchy with both controllers enabled). Without write access (not root, read-only cgroupfs) the
 sandbox runs without cgroups and says so in ``PythonSandbox.cgroups``.
 
-The call's interpreter (``init.py``) joins by writing ``0`` ("myself") to each ``cgroup.procs`` before it
-runs the model's code; its descendants inherit the groups.
+Under bubblewrap the host moves the call's two bubblewrap processes into the groups while they are held
+before the interpreter starts (``bwrap.py``); under process isolation ``init.py`` joins by writing ``0``
+("myself") to each ``cgroup.procs``. Either way every process of the call inherits the groups.
 """
 
 from __future__ import annotations

@@ -6,9 +6,8 @@ modules: this runs on every call, and the whole call's budget over a bare interp
 
 Steps, before any model-written byte is compiled:
 
-1. join the call's cgroups (write ``0``, "myself", to each ``cgroup.procs`` the host listed; inside the
-   bubblewrap sandbox those files are bound at ``/.sandbox/cgroup/N`` and nothing else of cgroupfs is
-   visible; the uid that runs the code cannot write them);
+1. (process isolation only) join the call's cgroups, writing ``0`` ("myself") to each ``cgroup.procs`` the
+   host listed; under bubblewrap the host has already moved the call into them (``bwrap.py``);
 2. set the rlimits (children inherit them; without ``CAP_SYS_RESOURCE`` in the host's user namespace no
    process of the call can raise a hard limit again);
 3. drop to the unprivileged uid (``setgroups([])``, ``setresgid``, ``setresuid``: the capabilities bubblewrap
