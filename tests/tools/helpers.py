@@ -48,12 +48,11 @@ def own_call_dirs() -> list[str]:
     return glob.glob(os.path.join(tempfile.gettempdir(), f"{CALL_DIR_PREFIX}{os.getpid()}-*"))
 
 
-def own_cgroups() -> list[str]:
-    """Per-call cgroups this test process created and did not remove."""
-    pattern = f"{cgroups.GROUP_PREFIX}{cgroups.PROCESS_TOKEN}-*"
-    return glob.glob(os.path.join(cgroups.ROOT, "*", pattern)) + glob.glob(
-        os.path.join(cgroups.ROOT, pattern)
-    )
+def own_cgroups(token: str | None = None) -> list[str]:
+    """Per-call cgroups that a process (default: this one; else the one whose ``PROCESS_TOKEN`` is ``token``)
+    created and did not remove."""
+    pattern = f"{cgroups.GROUP_PREFIX}{token or cgroups.PROCESS_TOKEN}-*"
+    return glob.glob(os.path.join(cgroups.ROOT, "*", pattern)) + glob.glob(os.path.join(cgroups.ROOT, pattern))
 
 
 def descendants(pid: int, ignore=()) -> list[int]:

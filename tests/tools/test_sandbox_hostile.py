@@ -228,12 +228,16 @@ def test_large_file_is_capped_by_the_file_size_limit(sandbox):
 
 def test_call_ends_when_the_host_process_is_killed_mid_call():
     """A host (a trainer) SIGKILLed in the middle of a call cannot clean up: bubblewrap's --die-with-parent
-    must end every process of the call anyway."""
+    must end every process of the call anyway. (Its empty cgroups stay behind; this test removes them.)"""
     host = subprocess.Popen(
         [sys.executable, "-c", "from trl_gptoss.tools import PythonSandbox\n"
+         "from trl_gptoss.tools.sandbox import cgroups\n"
+         "print(cgroups.PROCESS_TOKEN, flush=True)\n"
          "PythonSandbox().run('import os, time\\nos.fork()\\ntime.sleep(100)')"],
+        stdout=subprocess.PIPE, text=True,
     )
     try:
+        token = host.stdout.readline().strip()
         uids = sandbox_uid_range(host.pid)
         assert _wait_until(lambda: len(processes_of_uids(uids)) >= 2, 30.0), "the call did not start"
         host.kill()
@@ -242,8 +246,9 @@ def test_call_ends_when_the_host_process_is_killed_mid_call():
     finally:
         host.kill()
         host.wait()
-
-
+        host.stdout.close()
+        for group in own_cgroups(token):
+            os.rmdir(group)
 def _wait_until(condition, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while not condition():
