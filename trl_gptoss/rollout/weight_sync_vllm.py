@@ -59,9 +59,8 @@ def check_layout(model, served: dict[str, list[int]]) -> None:
 class HTTPWeightPusher:
     """CPU push over ``/collective_rpc`` (see the module docstring). ``last_push`` holds bytes and seconds."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, info: dict):
         self.engine = engine
-        (info,) = collective_rpc(engine, "gptoss_checkpoint_layout")[:1]
         self.layout, self.dtype = info["layout"], getattr(torch, info["dtype"])
         local = urlparse(engine.base_url).hostname in _LOCAL_HOSTS
         self.shared_dir = ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()) if local else None
@@ -70,16 +69,20 @@ class HTTPWeightPusher:
     def push(self, model) -> None:
         check_layout(model, self.layout)
         started, sent = time.perf_counter(), 0
+        server_seconds = {"read": 0.0, "reload": 0.0, "direct": 0.0}
         with pushed_tensors(model) as named:
             for group in grouped_by_layer(named):
                 tensors = {n: t.detach().to("cpu", self.dtype).contiguous() for n, t in group}
                 sent += sum(t.numel() * t.element_size() for t in tensors.values())
-                self._apply(tensors)
+                for key, value in self._apply(tensors).items():
+                    server_seconds[key] += value
         self.engine.request("POST", "/reset_prefix_cache")
         seconds = time.perf_counter() - started
-        self.last_push = {"bytes": sent, "seconds": seconds, "gb_per_s": sent / 1e9 / seconds}
+        self.last_push = {"bytes": sent, "seconds": seconds, "gb_per_s": sent / 1e9 / seconds,
+                          "server_seconds": server_seconds}
 
-    def _apply(self, tensors: dict[str, torch.Tensor]) -> None:
+    def _apply(self, tensors: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Send one group; returns the first worker's time split (read / reload / direct load + repack)."""
         if self.shared_dir is None:
             source = {"b64": base64.b64encode(save(tensors)).decode()}
             results = collective_rpc(self.engine, "gptoss_load_weights", json.dumps(source))
@@ -95,6 +98,7 @@ class HTTPWeightPusher:
             applied = set(result["reloaded"]) | set(result["direct"])
             if applied != set(tensors):
                 raise RuntimeError(f"vLLM worker applied {sorted(applied)} but was sent {sorted(tensors)}")
+        return results[0]["seconds"]
 
     def close(self) -> None:
         pass
@@ -107,12 +111,11 @@ class NCCLWeightPusher:
     process (the main one) may push. Untested here (no GPU); see docs/rollouts.md.
     """
 
-    def __init__(self, engine, group_port: int = 51216, device: int | str = 0):
+    def __init__(self, engine, info: dict, group_port: int = 51216, device: int | str = 0):
         from vllm.distributed.weight_transfer.nccl_common import trainer_init
         from vllm.utils.network_utils import get_ip
 
         self.engine = engine
-        (info,) = collective_rpc(engine, "gptoss_checkpoint_layout")[:1]
         self.layout = info["layout"]
         world_size = engine.request("GET", "/get_world_size")["world_size"] + 1
         init_info = {"master_address": get_ip(), "master_port": group_port, "rank_offset": 1,
@@ -172,10 +175,12 @@ def _update_info(named) -> dict:
 
 
 def weight_pusher_for(engine):
-    """NCCL when the server has a weight-transfer engine and this process a GPU, else the HTTP/shared-file push."""
-    info = engine.request("GET", "/server_info?config_format=json")
-    config = info.get("vllm_config", info) if isinstance(info, dict) else {}
-    has_nccl = "weight_transfer_config" in json.dumps(config) and '"nccl"' in json.dumps(config)
-    if has_nccl and torch.cuda.is_available():
-        return NCCLWeightPusher(engine)
-    return HTTPWeightPusher(engine)
+    """NCCL when the server has an NCCL weight-transfer engine and this process a GPU, else the HTTP push.
+
+    One extension call tells both the served layout and the server's transfer backend (``/server_info`` would
+    too, but it collects the whole system environment first: ~10 s).
+    """
+    (info,) = collective_rpc(engine, "gptoss_checkpoint_layout")[:1]
+    if info.get("weight_transfer_backend") == "nccl" and torch.cuda.is_available():
+        return NCCLWeightPusher(engine, info)
+    return HTTPWeightPusher(engine, info)

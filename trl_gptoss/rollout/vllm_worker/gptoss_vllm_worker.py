@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import time
 from pathlib import Path
 
 import torch
@@ -61,18 +62,25 @@ class GptOssWeightSyncExtension:
             with safe_open(str(file), "pt") as handle:
                 for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
                     layout[name] = list(handle.get_slice(name).get_shape())
-        return {"layout": layout, "dtype": str(self.vllm_config.model_config.dtype).removeprefix("torch.")}
+        transfer = getattr(self.vllm_config, "weight_transfer_config", None)
+        return {"layout": layout, "dtype": str(self.vllm_config.model_config.dtype).removeprefix("torch."),
+                "weight_transfer_backend": getattr(transfer, "backend", None)}
 
     def gptoss_load_weights(self, source: str) -> dict:
         """Apply one group of checkpoint-format tensors; ``source`` is JSON ``{"path": safetensors file}`` or
         ``{"b64": base64 safetensors bytes}``. Returns the names applied by each route."""
+        started = time.perf_counter()
         tensors = _read_source(source)
         reload = [(n, t) for n, t in tensors.items() if not loads_directly(n)]
         direct = [(n, t) for n, t in tensors.items() if loads_directly(n)]
+        read = time.perf_counter()
         if reload:
             self.model_runner.reload_weights(weights_iterator=iter(reload), is_checkpoint_format=True)
+        reloaded = time.perf_counter()
         repacked = self._gptoss_load_direct(direct) if direct else []
-        return {"reloaded": [n for n, _ in reload], "direct": [n for n, _ in direct], "repacked": repacked}
+        seconds = {"read": read - started, "reload": reloaded - read, "direct": time.perf_counter() - reloaded}
+        return {"reloaded": [n for n, _ in reload], "direct": [n for n, _ in direct], "repacked": repacked,
+                "seconds": seconds}
 
     def gptoss_receive_direct_nccl(self, update_info: str) -> dict:
         """GPU: receive sinks/expert tensors over the weight-transfer NCCL group (packed, as the trainer sends
