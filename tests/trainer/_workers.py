@@ -58,3 +58,35 @@ def train_in_process_engine(output_dir: str, die_after_save_at: int | None = Non
                                 callbacks=[DieAfterSave()] if die_after_save_at else None)
     trainer.train(resume_from_checkpoint=resume_from)
     return {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
+
+
+def sp_rank(rank: int, world: int, sp_size: int, output_dir: str) -> dict:
+    """One optimizer step of the in-process-engine trainer with ``sp_size``; the loss and every parameter's
+    synchronised gradient (sum and sum of squares; sinks in full)."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
+    from transformers import TrainerCallback
+
+    from tests.trainer.helpers import grpo_args, prompt_dataset, token_reward
+    from trl_gptoss.testing import harmony_tokenizer, tiny_gpt_oss
+    from trl_gptoss.trainer import GptOssGRPOTrainer
+
+    grads = {}
+
+    class KeepGrads(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            for name, param in model.named_parameters():
+                if param.grad is not None:
+                    g = param.grad.double()
+                    grads[name.removeprefix("module.")] = [g.sum().item(), (g * g).sum().item()]
+                    if name.endswith("layers.0.self_attn.sinks"):
+                        grads["sinks_full"] = g.tolist()
+
+    args = grpo_args(output_dir, sp_size=sp_size, max_steps=1, per_device_train_batch_size=2, num_generations=2,
+                     max_completion_length=24, entropy_coef=0.0, gradient_checkpointing=False)
+    trainer = GptOssGRPOTrainer(tiny_gpt_oss(seed=0), token_reward, args=args, train_dataset=prompt_dataset([0, 1]),
+                                processing_class=harmony_tokenizer(small=True), tools=[], callbacks=[KeepGrads()])
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return {"loss": losses, "grads": grads,
+            "completions": [r.completion_ids for r in trainer._last_rollouts]}

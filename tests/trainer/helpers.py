@@ -125,3 +125,8 @@ def logged(trainer, key: str) -> list[float]:
 def length_reward(completions, **kwargs) -> list[float]:
     """Varies across samples of one prompt, so advantages (and the policy gradient) are not all zero."""
     return [float(len(c[0]["content"]) % 5) for c in completions]
+
+
+def token_reward(completions, completion_ids, **kwargs) -> list[float]:
+    """A function of the sampled tokens (random models rarely reach a final answer): varied advantages."""
+    return [float(sum(ids) % 7) for ids in completion_ids]

@@ -38,6 +38,7 @@ from trl_gptoss.trainer.rollouts import (
     rollout_config,
     rollouts_to_trl,
 )
+from trl_gptoss.trainer.sequence_parallel import SequenceParallelLoss, check_sequence_parallel
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +90,9 @@ class GptOssGRPOTrainer(GRPOTrainer):
         _resolve_aux_coef(args, model)
         super().__init__(model, [checked_reward(f) for f in reward_funcs], args=args, train_dataset=train_dataset,
                          processing_class=processing_class, **kwargs)
-        if args.sp_size > 1:
-            raise NotImplementedError("sp_size > 1 is not wired into GptOssGRPOTrainer yet; use sp_size=1")
+        self._sp_logps = None
+        self.sp_loss = SequenceParallelLoss(check_sequence_parallel(args, self.model.config)) if args.sp_size > 1 \
+            else None
         self.rollout_tools = list(tools) if tools is not None else build_tools(args.tool_names)
         self.rollout_system = rollout_system
         self.rollout_backend = RolloutBackend(args, self.accelerator.unwrap_model(self.model), self._tokenizer)
@@ -154,6 +156,11 @@ class GptOssGRPOTrainer(GRPOTrainer):
         with contextlib.ExitStack() as self._step_scope:  # replay hooks live through forward AND backward
             return super().training_step(model, inputs, num_items_in_batch)
 
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.sp_loss is None or not self.model.training:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        return self.sp_loss(self, model, inputs)
+
     def _compute_loss(self, model, inputs):
         # A shallow copy: the hook below replaces "advantages" by per-token corrected ones, and TRL reuses the
         # buffered batch for every iteration.
@@ -167,6 +174,10 @@ class GptOssGRPOTrainer(GRPOTrainer):
                                            batch_size=None, compute_entropy=False, *args, **kwargs):
         inputs = self._loss_inputs
         in_loss = inputs is not None and compute_entropy
+        if in_loss and self._sp_logps is not None:  # the SP runner already computed them (no entropies)
+            logps = self._sp_logps
+            self._correct_and_log(inputs, logps)
+            return logps, torch.full_like(logps, float("nan")), None
         if not in_loss and self.routing_replay is not None and self.routing_replay.armed:
             return self.routing_replay.record(super()._get_per_token_logps_and_entropies, model, input_ids,
                                               attention_mask, logits_to_keep, batch_size, compute_entropy,
