@@ -16,7 +16,7 @@ import torch
 
 from trl_gptoss.rollout.sampling import processed_logprobs, sample_from_logprobs
 from trl_gptoss.rollout.types import Generation, GenerationRequest
-from trl_gptoss.rollout.weight_sync import copy_weights_into
+from trl_gptoss.rollout.weight_sync import copy_weights_into, unwrap
 
 
 @dataclass
@@ -72,7 +72,7 @@ class TransformersEngine:
 
     def push_weights(self, model) -> None:
         """Make this engine sample from ``model``: nothing to do when it is the engine's own model."""
-        if model is self.model:
+        if unwrap(model) is unwrap(self.model):  # also through DDP/accelerate wrappers
             return
         with self._model_lock:
             copy_weights_into(self.model, model)
