@@ -8,6 +8,7 @@ TRL merges into the rows the reward functions receive.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import tempfile
@@ -98,6 +99,7 @@ class RolloutBackend:
         self.server = VLLMServer(path, max_model_len=args.rollout_max_model_len,
                                  startup_timeout=args.rollout_server_timeout)
         self.server.start()
+        atexit.register(self.close)  # a server this process started never outlives it
         logger.info("started a vLLM rollout server at %s", self.server.base_url)
         return self.server.base_url
 

@@ -100,7 +100,7 @@ class GptOssGRPOTrainer(GRPOTrainer):
         self._pushed_step = None  # global step whose weights the engine holds (None: not pushed yet)
         self._last_rollouts = []
         self._loss_inputs = None
-        self._step_scope = contextlib.ExitStack()  # replaced by training_step; eval passes use this one
+        self._step_scope = None  # an ExitStack while training_step runs
         self.routing_replay = RoutingReplay() if args.routing_replay else None
 
     # -- generation -------------------------------------------------------------------------------------
@@ -154,7 +154,10 @@ class GptOssGRPOTrainer(GRPOTrainer):
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         with contextlib.ExitStack() as self._step_scope:  # replay hooks live through forward AND backward
-            return super().training_step(model, inputs, num_items_in_batch)
+            try:
+                return super().training_step(model, inputs, num_items_in_batch)
+            finally:
+                self._step_scope = None
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self.sp_loss is None or not self.model.training:
@@ -183,11 +186,15 @@ class GptOssGRPOTrainer(GRPOTrainer):
                                               attention_mask, logits_to_keep, batch_size, compute_entropy,
                                               *args, **kwargs)
         recorded = inputs.get("routing_indices") if in_loss else None
+        replay = contextlib.nullcontext()
         if recorded is not None:
-            # Kept until training_step ends: gradient checkpointing re-runs the routers during backward.
-            self._step_scope.enter_context(self.routing_replay.replay(model, recorded))
-        logps, entropies, aux = super()._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, *args, **kwargs)
+            replay = self.routing_replay.replay(model, recorded)
+            if self._step_scope is not None:  # training: gradient checkpointing re-runs routers in backward
+                self._step_scope.enter_context(replay)
+                replay = contextlib.nullcontext()
+        with replay:
+            logps, entropies, aux = super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, *args, **kwargs)
         if in_loss:
             self._correct_and_log(inputs, logps)
         return logps, entropies, aux
@@ -240,7 +247,7 @@ class GptOssGRPOTrainer(GRPOTrainer):
             self._pushed_step = None  # a later train()/resume re-pushes before its first rollout
 
     def close(self) -> None:
-        """Stop a vLLM server this trainer started (also at interpreter exit via the backend's finalizer)."""
+        """Stop a vLLM server this trainer started (also done at interpreter exit)."""
         self.rollout_backend.close()
 
 
