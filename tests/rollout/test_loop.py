@@ -1,10 +1,11 @@
 """The multi-turn loop against scripted engines with the real o200k Harmony tokenizer."""
 
 import asyncio
+import time
 
 import pytest
 
-from tests.rollout.loop_helpers import AddTool, BrokenTool, add_call, final, scripted, user
+from tests.rollout.loop_helpers import AddTool, BrokenTool, add_call, final, ok_result, scripted, user
 from trl_gptoss.harmony import Message, codec_for, render_conversation, render_message
 from trl_gptoss.rollout.config import RolloutConfig, derive_seed
 from trl_gptoss.rollout.loop import arun_rollouts, run_rollouts
@@ -234,3 +235,29 @@ def test_messages_are_harmony_messages(tok):
 def test_config_rejects_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
         RolloutConfig(**kwargs)
+
+
+def test_other_conversations_keep_generating_while_a_tool_runs(tok):
+    """A tool that only returns once the engine has served another conversation's four turns: it can only
+    finish if the loop keeps generating (and running other tools) while it blocks a worker thread."""
+    seen = []  # the engine's request log, filled in below
+
+    class WaitTool(AddTool):
+        name, parameters = "wait", {"type": "object", "properties": {}}
+
+        def _invoke(self, arguments):
+            deadline = time.monotonic() + 30
+            while len(seen[0]) < 5 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return ok_result(f"saw {len(seen[0])} requests")
+
+    tools = [AddTool(), WaitTool()]
+    slow_prompt, busy_prompt = user("slow"), user("busy")
+    engine = scripted(tok, [(slow_prompt, ['<|channel|>commentary to=functions.wait json<|message|>{}<|call|>',
+                                           final("waited")]),
+                            (busy_prompt, [add_call(1, 1), add_call(2, 2), add_call(3, 3), final("busy done")])],
+                      tools=tools)
+    seen.append(engine.requests)
+    slow, busy = run_rollouts(engine, [slow_prompt, busy_prompt], tokenizer=tok, tools=tools)
+    assert busy.final_answer == "busy done" and busy.num_tool_calls == 3
+    assert slow.final_answer == "waited" and slow.messages[1].text == "saw 5 requests"
