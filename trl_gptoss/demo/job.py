@@ -108,7 +108,7 @@ def run(job: JobArguments, training) -> dict:
         resume = training.resume_from_checkpoint  # TrainingArguments' field; "latest" = newest in output_dir
         trainer.train(resume_from_checkpoint=True if resume == "latest" else resume)
         trainer.save_model(training.output_dir)
-        return finish_run(trainer, base_model=model, plot=job.plot)
+        return finish_run(trainer, plot=job.plot)
     except KeyboardInterrupt:
         print(f"\ninterrupted: the rollout server is being stopped; checkpoints saved so far are in "
               f"{training.output_dir} (resume with --resume_from_checkpoint latest)")

@@ -54,7 +54,29 @@ def format_summary(summary: dict, paths: dict) -> str:
     return "\n".join(lines)
 
 
-def finish_run(trainer, *, base_model, plot: bool = True) -> dict:
+CARD_FIELDS = ("rollout_backend", "attn_implementation", "experts_implementation", "tool_names", "max_turns",
+               "rollout_correction", "sp_size", "num_generations", "per_device_train_batch_size",
+               "gradient_accumulation_steps", "steps_per_generation", "num_iterations", "learning_rate", "beta",
+               "loss_type", "max_completion_length", "temperature", "max_steps", "seed")
+
+
+def _append_run_section(card: Path, trainer, summary: dict) -> None:
+    """Base checkpoint (a local path, which TRL's card leaves out), the GRPO settings and the before/after numbers."""
+    if not card.is_file():
+        return
+    base = getattr(trainer.model.config, "_name_or_path", None) or "-"
+    rows = [f"| `{name}` | `{getattr(trainer.args, name)}` |" for name in CARD_FIELDS if hasattr(trainer.args, name)]
+    lines = ["", "## Run", "", f"Base checkpoint: `{base}`", "", "| setting | value |", "|---|---|", *rows, ""]
+    for name in ("reward", "tool_calls_per_episode"):
+        if f"{name}_first_20pct" in summary:
+            lines.append(f"- {name.replace('_', ' ')}: {summary[f'{name}_first_20pct']:+.3f} (first 20% of steps) -> "
+                         f"{summary[f'{name}_last_20pct']:+.3f} (last 20%)")
+    if "max_abs_logp_diff" in summary:
+        lines.append(f"- max |log p_train - log p_rollout| over the run: {summary['max_abs_logp_diff']:.2e}")
+    card.write_text(card.read_text() + "\n".join(lines) + "\n")
+
+
+def finish_run(trainer, *, plot: bool = True) -> dict:
     """Write plots (before the model card, which embeds them), the card, ``summary.json``; print the summary."""
     output_dir = Path(trainer.args.output_dir)
     paths = {"checkpoint": output_dir, "log history": output_dir / "trainer_state.json"}
@@ -65,8 +87,9 @@ def finish_run(trainer, *, base_model, plot: bool = True) -> dict:
 
             plot_runs([output_dir], output_dir / "plots", labels=[output_dir.name])
             paths["plots"] = output_dir / "plots"
-    model_name = base_model if isinstance(base_model, str) else None
-    trainer.create_model_card(model_name=Path(model_name).name if model_name else None)
+    trainer.create_model_card()  # the trainer's card: tags, base model, citations, and the plots just written
+    if trainer.is_world_process_zero():
+        _append_run_section(output_dir / "README.md", trainer, summarize(trainer.state.log_history))
     paths["model card"] = output_dir / "README.md"
     summary = summarize(trainer.state.log_history)
     summary["paths"] = {k: str(v) for k, v in paths.items()}
