@@ -204,13 +204,16 @@ def run_worker(case: dict) -> dict:
 # ----------------------------------------------------------------------------------------------- driver side
 def run_case(case: dict, timeout: float) -> dict:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, __file__, "--worker", json.dumps(case)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, __file__, "--worker", json.dumps(case)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:  # one slow case must not lose the others' results
+        return {**case, "error": f"timed out after {timeout:.0f} s"}
     if proc.returncode != 0:
         return {**case, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr else f"rc {proc.returncode}"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
