@@ -25,9 +25,9 @@ class WarmStartConfig:
 
     num_demonstrations: int = 512
     tool_fraction: float = 0.5
-    steps: int = 60
+    steps: int = 80
     batch_size: int = 16
-    learning_rate: float = 3e-3
+    learning_rate: float = 2e-2
     warmup_steps: int = 5
     seed: int = 0
 
