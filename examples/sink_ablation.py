@@ -27,16 +27,26 @@ def main(argv=None):
     root = Path(training.output_dir)
     summaries = {}
     for attention in ATTENTIONS:
-        job, training = parse_job_args(argv + ["--attn_implementation", attention,
-                                               "--output_dir", str(root / attention),
-                                               "--warmstart_dir", str(root / "warmstart")])
+        job, training = parse_job_args(
+            argv
+            + [
+                "--attn_implementation",
+                attention,
+                "--output_dir",
+                str(root / attention),
+                "--warmstart_dir",
+                str(root / "warmstart"),
+            ]
+        )
         summaries[attention] = run(job, training)
     paths = plot_runs([root / a for a in ATTENTIONS], root / "plots", labels=list(ATTENTIONS))
     print(f"\noverlaid curves: {root / 'plots'} ({len(paths)} files)")
     for attention, summary in summaries.items():
-        print(f"{attention:>9}: reward {summary.get('reward_first_20pct', float('nan')):+.3f} -> "
-              f"{summary.get('reward_last_20pct', float('nan')):+.3f}, "
-              f"max |dlogp| {summary.get('max_abs_logp_diff', float('nan')):.2e}")
+        print(
+            f"{attention:>9}: reward {summary.get('reward_first_20pct', float('nan')):+.3f} -> "
+            f"{summary.get('reward_last_20pct', float('nan')):+.3f}, "
+            f"max |dlogp| {summary.get('max_abs_logp_diff', float('nan')):.2e}"
+        )
     return summaries
 
 

@@ -31,10 +31,17 @@ PANELS = (
     Panel("entropy", "Average entropy", ("entropy",)),
     Panel("kl", "KL to the reference policy", ("kl",)),
     Panel("mismatch_kl", "Train-inference mismatch KL (k3)", ("rollout_corr/kl_k3",)),
-    Panel("max_abs_logp_diff", "Max |log p_train - log p_rollout| in a batch", ("rollout_corr/abs_logp_diff_max",),
-          log_scale=True),
-    Panel("is_clip_fraction", "Importance-sampling clip fraction",
-          ("rollout_corr/is_clip_fraction", "clip_ratio/region_mean")),
+    Panel(
+        "max_abs_logp_diff",
+        "Max |log p_train - log p_rollout| in a batch",
+        ("rollout_corr/abs_logp_diff_max",),
+        log_scale=True,
+    ),
+    Panel(
+        "is_clip_fraction",
+        "Importance-sampling clip fraction",
+        ("rollout_corr/is_clip_fraction", "clip_ratio/region_mean"),
+    ),
     Panel("tool_calls", "Tool calls per episode", ("tools/call_frequency",)),
 )
 
@@ -47,12 +54,15 @@ def find_trainer_state(run_dir) -> Path:
     direct = run_dir / "trainer_state.json"
     if direct.is_file():
         return direct
-    checkpoints = sorted(run_dir.glob("checkpoint-*/trainer_state.json"),
-                         key=lambda p: int(p.parent.name.split("-")[-1]) if p.parent.name.split("-")[-1].isdigit()
-                         else -1)
+    checkpoints = sorted(
+        run_dir.glob("checkpoint-*/trainer_state.json"),
+        key=lambda p: int(p.parent.name.split("-")[-1]) if p.parent.name.split("-")[-1].isdigit() else -1,
+    )
     if not checkpoints:
-        raise FileNotFoundError(f"no trainer_state.json in {run_dir} or its checkpoint-* directories; "
-                                "is it the output_dir of a training run that logged at least one step?")
+        raise FileNotFoundError(
+            f"no trainer_state.json in {run_dir} or its checkpoint-* directories; "
+            "is it the output_dir of a training run that logged at least one step?"
+        )
     return checkpoints[-1]
 
 
@@ -133,8 +143,10 @@ def plot_runs(run_dirs, out_dir, labels=None) -> list[Path]:
             drawn_panels.append(panel)
         plt.close(fig)
     if not drawn_panels:
-        raise ValueError(f"none of {[d.as_posix() for d in run_dirs]} logged any plotted metric "
-                         f"({', '.join(k for p in PANELS for k in p.keys)})")
+        raise ValueError(
+            f"none of {[d.as_posix() for d in run_dirs]} logged any plotted metric "
+            f"({', '.join(k for p in PANELS for k in p.keys)})"
+        )
     written.append(_overview(plt, drawn_panels, runs, out_dir))
     return written
 
@@ -145,7 +157,7 @@ def _overview(plt, panels, runs, out_dir: Path) -> Path:
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
     for ax, panel in zip(axes.flat, panels):
         _draw_panel(ax, panel, runs)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.tight_layout()
     path = out_dir / "overview.png"

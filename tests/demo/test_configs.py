@@ -17,11 +17,22 @@ KNOWN = {f.name for t in (JobArguments, GptOssGRPOConfig) for f in fields(t)}
 
 def test_the_examples_are_all_there():
     names = {p.stem for p in TRAINING_YAMLS}
-    assert {"retool_cpu_demo", "retool_gpt_oss_20b", "retool_gpt_oss_120b", "gsm8k_gpt_oss_20b",
-            "verifyif_gpt_oss_20b", "retool_gpt_oss_20b_sp", "retool_gpt_oss_120b_sp",
-            "retool_gpt_oss_20b_lora"} <= names
-    assert {"accelerate_fsdp2", "accelerate_fsdp2_multinode", "accelerate_fsdp2_sp_multinode",
-            "accelerate_context_parallel"} <= {p.stem for p in ACCELERATE_YAMLS}
+    assert {
+        "retool_cpu_demo",
+        "retool_gpt_oss_20b",
+        "retool_gpt_oss_120b",
+        "gsm8k_gpt_oss_20b",
+        "verifyif_gpt_oss_20b",
+        "retool_gpt_oss_20b_sp",
+        "retool_gpt_oss_120b_sp",
+        "retool_gpt_oss_20b_lora",
+    } <= names
+    assert {
+        "accelerate_fsdp2",
+        "accelerate_fsdp2_multinode",
+        "accelerate_fsdp2_sp_multinode",
+        "accelerate_context_parallel",
+    } <= {p.stem for p in ACCELERATE_YAMLS}
 
 
 @pytest.mark.parametrize("path", TRAINING_YAMLS, ids=lambda p: p.stem)
@@ -89,14 +100,24 @@ def _demo_yaml(tmp_path, **changes) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("changes, expected", [
-    ({"task": "gsm8k"}, "warm-started on the arithmetic task"),
-    ({"tool_names": []}, "tool_names: [python]"),
-    ({"bf16": True}, "bf16: false"),
-    ({"task": "sudoku"}, "task='sudoku'"),
-    ({"num_generations": 1}, "at least 2 generations"),
-    ({"rollout_backend": "sglang"}, "rollout_backend"),
-], ids=["embedded-other-task", "retool-without-python", "embedded-bf16", "unknown-task", "one-generation",
-        "unknown-backend"])
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        ({"task": "gsm8k"}, "warm-started on the arithmetic task"),
+        ({"tool_names": []}, "tool_names: [python]"),
+        ({"bf16": True}, "bf16: false"),
+        ({"task": "sudoku"}, "task='sudoku'"),
+        ({"num_generations": 1}, "at least 2 generations"),
+        ({"rollout_backend": "sglang"}, "rollout_backend"),
+    ],
+    ids=[
+        "embedded-other-task",
+        "retool-without-python",
+        "embedded-bf16",
+        "unknown-task",
+        "one-generation",
+        "unknown-backend",
+    ],
+)
 def test_impossible_combinations_fail_with_what_to_change(tmp_path, changes, expected):
     assert expected in _error(["--config", _demo_yaml(tmp_path, **changes)])

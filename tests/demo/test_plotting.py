@@ -10,11 +10,21 @@ from trl_gptoss.plotting import PANELS, ema, find_trainer_state, load_log_histor
 
 
 def _write_run(path, rewards, mismatch, checkpoint=None):
-    history = [{"step": i + 1, "reward": r, "grad_norm": 0.5 + i, "entropy": 1.0 - 0.01 * i, "kl": 0.0,
-                "rollout_corr/kl_k3": m / 10, "rollout_corr/abs_logp_diff_max": m,
-                "rollout_corr/is_clip_fraction": 0.0, "tools/call_frequency": 0.5 + 0.05 * i,
-                "policy/ratio_max_abs_dev": 0.0}
-               for i, (r, m) in enumerate(zip(rewards, mismatch))]
+    history = [
+        {
+            "step": i + 1,
+            "reward": r,
+            "grad_norm": 0.5 + i,
+            "entropy": 1.0 - 0.01 * i,
+            "kl": 0.0,
+            "rollout_corr/kl_k3": m / 10,
+            "rollout_corr/abs_logp_diff_max": m,
+            "rollout_corr/is_clip_fraction": 0.0,
+            "tools/call_frequency": 0.5 + 0.05 * i,
+            "policy/ratio_max_abs_dev": 0.0,
+        }
+        for i, (r, m) in enumerate(zip(rewards, mismatch))
+    ]
     history.append({"step": len(rewards), "train_runtime": 1.0, "train_loss": 0.1})  # the end-of-training entry
     target = path / checkpoint if checkpoint else path
     target.mkdir(parents=True)

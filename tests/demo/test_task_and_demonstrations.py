@@ -47,8 +47,9 @@ def test_wrong_answers_are_wrong_and_plausible(value):
 def test_demonstration_mask_covers_exactly_what_the_model_writes(tokenizer):
     problem = make_problems(1, 0)[0]
     prompt = retool_row(problem.question, str(problem.answer))["prompt"]
-    demo = tokenize_demonstration(prompt, completion_messages(problem, "tool", random.Random(0)), tokenizer,
-                                  kind="tool")
+    demo = tokenize_demonstration(
+        prompt, completion_messages(problem, "tool", random.Random(0)), tokenizer, kind="tool"
+    )
     written = tokenizer.decode([t for t, m in zip(demo.input_ids, demo.loss_mask) if m])
     unwritten_tail = tokenizer.decode([t for t, m in zip(demo.input_ids[-40:], demo.loss_mask[-40:]) if not m])
     assert f"print({problem.expression})" in written and f"\\boxed{{{problem.answer}}}" in written
@@ -66,15 +67,21 @@ def test_demonstration_is_token_identical_to_a_rollout_of_the_same_turns(tokeniz
 
     problem = make_problems(1, 5)[0]
     prompt = retool_row(problem.question, str(problem.answer))["prompt"]
-    demo = tokenize_demonstration(prompt, completion_messages(problem, "tool", random.Random(0)), tokenizer,
-                                  kind="tool")
+    demo = tokenize_demonstration(
+        prompt, completion_messages(problem, "tool", random.Random(0)), tokenizer, kind="tool"
+    )
     prompt_ids = render_conversation(prompt, tokenizer, python_tool=True, add_generation_prompt=True)
-    completion, mask = demo.input_ids[len(prompt_ids):], demo.loss_mask[len(prompt_ids):]
+    completion, mask = demo.input_ids[len(prompt_ids) :], demo.loss_mask[len(prompt_ids) :]
     call_end = mask.index(0)  # the first sampled turn ends at <|call|>; the loop inserts the reply after it
     second_turn = [t for t, m in zip(completion[call_end:], mask[call_end:]) if m]
     engine = ScriptedEngine(tokenizer, {tuple(prompt_ids): [completion[:call_end], second_turn]})
-    (rollout,) = run_rollouts(engine, [prompt], tokenizer=tokenizer, tools=[PythonTool()],
-                              config=RolloutConfig(max_turns=3, python_stateful=False))
+    (rollout,) = run_rollouts(
+        engine,
+        [prompt],
+        tokenizer=tokenizer,
+        tools=[PythonTool()],
+        config=RolloutConfig(max_turns=3, python_stateful=False),
+    )
     assert rollout.stop_reason == "final" and rollout.num_tool_calls == 1 and rollout.num_tool_errors == 0
     assert rollout.prompt_ids == prompt_ids
     assert rollout.completion_ids == completion

@@ -22,35 +22,54 @@ class JobArguments:
 
     model_name_or_path: str = field(
         default=EMBEDDED_MODEL,
-        metadata={"help": "Hub id or local checkpoint (e.g. openai/gpt-oss-20b), or 'embedded': build a tiny "
-                          "GPT-OSS with the real o200k vocabulary offline and warm-start it on Harmony "
-                          "tool-use demonstrations (the CPU demo)."})
+        metadata={
+            "help": "Hub id or local checkpoint (e.g. openai/gpt-oss-20b), or 'embedded': build a tiny "
+            "GPT-OSS with the real o200k vocabulary offline and warm-start it on Harmony "
+            "tool-use demonstrations (the CPU demo)."
+        },
+    )
     dtype: str = field(
         default="bfloat16",
-        metadata={"help": "Dtype the checkpoint is loaded in: bfloat16, float32 or auto (ignored for 'embedded', "
-                          "which trains in float32)."})
+        metadata={
+            "help": "Dtype the checkpoint is loaded in: bfloat16, float32 or auto (ignored for 'embedded', "
+            "which trains in float32)."
+        },
+    )
     task: str = field(
         default="arithmetic",
-        metadata={"help": f"One of {TASKS}: 'arithmetic' is the synthetic ReTool-style task of the CPU demo; the "
-                          "others are trl_gptoss.data tasks (shipped samples or the Hub)."})
+        metadata={
+            "help": f"One of {TASKS}: 'arithmetic' is the synthetic ReTool-style task of the CPU demo; the "
+            "others are trl_gptoss.data tasks (shipped samples or the Hub)."
+        },
+    )
     dataset_source: str = field(
-        default="sample", metadata={"help": "For retool/gsm8k/verifyif: 'sample' (shipped, offline) or 'hub'."})
+        default="sample", metadata={"help": "For retool/gsm8k/verifyif: 'sample' (shipped, offline) or 'hub'."}
+    )
     dataset_name: str | None = field(
-        default=None, metadata={"help": "Hub dataset id overriding the task's default (dataset_source='hub')."})
+        default=None, metadata={"help": "Hub dataset id overriding the task's default (dataset_source='hub')."}
+    )
     dataset_limit: int | None = field(default=None, metadata={"help": "Keep the first N rows of the dataset."})
     num_prompts: int = field(default=512, metadata={"help": "Prompts generated for task='arithmetic'."})
     warmstart_steps: int = field(
-        default=80, metadata={"help": "'embedded' only: supervised steps on generated demonstrations."})
+        default=80, metadata={"help": "'embedded' only: supervised steps on generated demonstrations."}
+    )
     warmstart_demonstrations: int = field(
-        default=512, metadata={"help": "'embedded' only: number of generated Harmony demonstrations."})
+        default=512, metadata={"help": "'embedded' only: number of generated Harmony demonstrations."}
+    )
     warmstart_tool_fraction: float = field(
         default=0.5,
-        metadata={"help": "'embedded' only: share of demonstrations that call the python tool (the rest answer "
-                          "with a wrong guess), so the warm-started policy uses the tool only sometimes."})
+        metadata={
+            "help": "'embedded' only: share of demonstrations that call the python tool (the rest answer "
+            "with a wrong guess), so the warm-started policy uses the tool only sometimes."
+        },
+    )
     warmstart_dir: str | None = field(
         default=None,
-        metadata={"help": "'embedded' only: where the warm-started checkpoint is saved/reused (default "
-                          "OUTPUT_DIR/warmstart); runs that share it start from the same policy."})
+        metadata={
+            "help": "'embedded' only: where the warm-started checkpoint is saved/reused (default "
+            "OUTPUT_DIR/warmstart); runs that share it start from the same policy."
+        },
+    )
     warmstart_learning_rate: float = field(default=2e-2, metadata={"help": "'embedded' only: SFT learning rate."})
     use_peft: bool = field(default=False, metadata={"help": "Train LoRA adapters instead of all weights."})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
@@ -58,9 +77,9 @@ class JobArguments:
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
     lora_target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
-        metadata={"help": "Module names LoRA adapts (attention by default; see docs/scaling.md for experts)."})
+        metadata={"help": "Module names LoRA adapts (attention by default; see docs/scaling.md for experts)."},
+    )
     plot: bool = field(default=True, metadata={"help": "Write training-curve PNGs to OUTPUT_DIR/plots at the end."})
-
 
 
 def _split_config(argv: list[str]) -> tuple[str | None, list[str]]:
@@ -85,8 +104,10 @@ def _unknown_field_message(error: str, known: list[str]) -> str:
             if close:
                 hints.append(f"{token[2:]!r} -> did you mean {', '.join(close)}?")
     hint = ("\n  " + "\n  ".join(hints)) if hints else ""
-    return (f"{error}{hint}\nFix the field name in the YAML/command line (fields: JobArguments in "
-            "trl_gptoss/demo/arguments.py and GptOssGRPOConfig; `--help` lists them).")
+    return (
+        f"{error}{hint}\nFix the field name in the YAML/command line (fields: JobArguments in "
+        "trl_gptoss/demo/arguments.py and GptOssGRPOConfig; `--help` lists them)."
+    )
 
 
 def parse_job_args(argv: list[str] | None, *, check: bool = True):
@@ -103,8 +124,10 @@ def parse_job_args(argv: list[str] | None, *, check: bool = True):
     argv = list(sys.argv[1:] if argv is None else argv)
     config_path, argv = _split_config(argv)
     if config_path is not None and not os.path.isfile(config_path):
-        raise SystemExit(f"error: config file {config_path!r} does not exist; give a YAML path such as "
-                         "examples/configs/retool_cpu_demo.yaml (relative to the directory you run from)")
+        raise SystemExit(
+            f"error: config file {config_path!r} does not exist; give a YAML path such as "
+            "examples/configs/retool_cpu_demo.yaml (relative to the directory you run from)"
+        )
     types = (JobArguments, GptOssGRPOConfig)
     parser = TrlParser(types)
     try:
@@ -126,8 +149,9 @@ def check_job(job: JobArguments, training) -> None:
     if job.dataset_source not in ("sample", "hub"):
         problems.append(f"dataset_source={job.dataset_source!r}: choose 'sample' or 'hub'")
     if job.task == "arithmetic" and job.dataset_source == "hub":
-        problems.append("task='arithmetic' is generated, not downloaded: drop dataset_source=hub or pick "
-                        "task=retool/gsm8k/verifyif")
+        problems.append(
+            "task='arithmetic' is generated, not downloaded: drop dataset_source=hub or pick task=retool/gsm8k/verifyif"
+        )
     if job.task in TASKS_NEEDING_PYTHON and "python" not in training.tool_names:
         problems.append(f"task={job.task!r} is solved with the python tool: set tool_names: [python]")
     if job.dtype not in ("bfloat16", "float32", "auto"):
@@ -136,8 +160,10 @@ def check_job(job: JobArguments, training) -> None:
         if training.bf16 or training.fp16:
             problems.append("the embedded demo model trains in float32: set bf16: false (and fp16: false)")
         if job.task != "arithmetic":
-            problems.append("the embedded model is warm-started on the arithmetic task only: set task: arithmetic, "
-                            "or give a real checkpoint in model_name_or_path")
+            problems.append(
+                "the embedded model is warm-started on the arithmetic task only: set task: arithmetic, "
+                "or give a real checkpoint in model_name_or_path"
+            )
     elif not os.path.isdir(job.model_name_or_path) and job.model_name_or_path.startswith((".", "/")):
         problems.append(f"model_name_or_path={job.model_name_or_path!r} is not a directory")
     if training.rollout_backend == "vllm_server" and training.rollout_server_url is None:
@@ -160,6 +186,8 @@ def _local_server_problems() -> list[str]:
         vllm_python()
         return []
     except (ImportError, FileNotFoundError) as exc:
-        return [f"rollout_backend=vllm_server starts a vLLM server but none is installed ({exc}); run "
-                "`make setup-vllm` (CPU), install vllm (GPU), pass rollout_server_url, or use "
-                "--rollout_backend transformers"]
+        return [
+            f"rollout_backend=vllm_server starts a vLLM server but none is installed ({exc}); run "
+            "`make setup-vllm` (CPU), install vllm (GPU), pass rollout_server_url, or use "
+            "--rollout_backend transformers"
+        ]

@@ -38,16 +38,17 @@ def _cmd_demo(args) -> int:
 def register(sub) -> None:
     """Add ``plot``, ``grpo`` and ``demo`` to the console script's subparsers."""
     plot = sub.add_parser("plot", help="plot reward, grad norm, entropy, KL, mismatch, IS clip, tool calls")
-    plot.add_argument("run_dirs", nargs="+", help="output_dir of each run (trainer_state.json inside or in a "
-                                                  "checkpoint-* subdirectory)")
+    plot.add_argument(
+        "run_dirs",
+        nargs="+",
+        help="output_dir of each run (trainer_state.json inside or in a checkpoint-* subdirectory)",
+    )
     plot.add_argument("--out", help="where the PNGs go (default: RUN_DIR/plots of the first run)")
     plot.add_argument("--labels", nargs="+", help="legend label per run (default: directory names)")
     plot.set_defaults(func=_cmd_plot)
-    grpo = sub.add_parser("grpo", help="GRPO training: --config x.yaml plus --field value overrides",
-                          add_help=False)
+    grpo = sub.add_parser("grpo", help="GRPO training: --config x.yaml plus --field value overrides", add_help=False)
     grpo.add_argument("rest", nargs=argparse.REMAINDER)
     grpo.set_defaults(func=_cmd_grpo)
-    demo = sub.add_parser("demo", help="the CPU embedded default (tiny GPT-OSS, synthetic ReTool task)",
-                          add_help=False)
+    demo = sub.add_parser("demo", help="the CPU embedded default (tiny GPT-OSS, synthetic ReTool task)", add_help=False)
     demo.add_argument("rest", nargs=argparse.REMAINDER)
     demo.set_defaults(func=_cmd_demo)

@@ -63,8 +63,9 @@ def completion_messages(problem: ArithmeticProblem, kind: str, rng: random.Rando
     if kind == "tool":
         return [
             Message("assistant", TOOL_ANALYSIS, channel="analysis"),
-            Message("assistant", f"print({problem.expression})", channel="analysis", recipient="python",
-                    content_type="code"),
+            Message(
+                "assistant", f"print({problem.expression})", channel="analysis", recipient="python", content_type="code"
+            ),
             tool_message(f"{problem.answer}\n"),
             Message("assistant", f"\\boxed{{{problem.answer}}}", channel="final"),
         ]
@@ -76,8 +77,9 @@ def completion_messages(problem: ArithmeticProblem, kind: str, rng: random.Rando
     raise ValueError(f"demonstration kind must be 'tool' or 'guess', got {kind!r}")
 
 
-def tokenize_demonstration(prompt: list[dict], messages: list[Message], tokenizer, *, kind: str,
-                           python_tool: bool = True) -> TokenizedDemonstration:
+def tokenize_demonstration(
+    prompt: list[dict], messages: list[Message], tokenizer, *, kind: str, python_tool: bool = True
+) -> TokenizedDemonstration:
     """Render ``prompt + messages`` and mark the tokens the model writes (``loss_mask`` 1).
 
     Harmony renders message by message, so message ``i`` spans ``[len(render(prefix_i)),
@@ -86,9 +88,9 @@ def tokenize_demonstration(prompt: list[dict], messages: list[Message], tokenize
     it, as a rollout's ``completion_mask`` records). A header after the model's own ``<|end|>`` is sampled,
     so it is trained.
     """
+
     def render(conversation, **kwargs):
-        return render_conversation(conversation, tokenizer, python_tool=python_tool, drop_analysis=False,
-                                   **kwargs)
+        return render_conversation(conversation, tokenizer, python_tool=python_tool, drop_analysis=False, **kwargs)
 
     header_len = len(render(prompt, add_generation_prompt=True)) - len(render(prompt))
     ids = render(prompt + messages, for_training=True)
@@ -100,5 +102,5 @@ def tokenize_demonstration(prompt: list[dict], messages: list[Message], tokenize
         if message.role != "assistant":
             continue
         inserted = header_len if i == 0 or messages[i - 1].role == "tool" else 0
-        mask[bounds[i] + inserted:bounds[i + 1]] = [1] * (bounds[i + 1] - bounds[i] - inserted)
+        mask[bounds[i] + inserted : bounds[i + 1]] = [1] * (bounds[i + 1] - bounds[i] - inserted)
     return TokenizedDemonstration(ids, mask, kind)

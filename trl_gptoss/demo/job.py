@@ -15,8 +15,12 @@ from trl_gptoss.demo.arguments import EMBEDDED_MODEL, JobArguments, parse_job_ar
 
 logger = logging.getLogger(__name__)
 
-REWARDS = {"arithmetic": "retool_reward", "retool": "retool_reward", "gsm8k": "gsm8k_reward",
-           "verifyif": "verifyif_reward"}
+REWARDS = {
+    "arithmetic": "retool_reward",
+    "retool": "retool_reward",
+    "gsm8k": "gsm8k_reward",
+    "verifyif": "verifyif_reward",
+}
 
 
 def load_dataset_for(job: JobArguments, seed: int):
@@ -46,8 +50,13 @@ def build_embedded_model(job: JobArguments, training, tokenizer) -> str:
     from trl_gptoss.demo.model import build_tiny_gpt_oss, save_checkpoint
     from trl_gptoss.demo.warmstart import WarmStartConfig, warm_start
 
-    config = WarmStartConfig(num_demonstrations=job.warmstart_demonstrations, tool_fraction=job.warmstart_tool_fraction,
-                             steps=job.warmstart_steps, learning_rate=job.warmstart_learning_rate, seed=training.seed)
+    config = WarmStartConfig(
+        num_demonstrations=job.warmstart_demonstrations,
+        tool_fraction=job.warmstart_tool_fraction,
+        steps=job.warmstart_steps,
+        learning_rate=job.warmstart_learning_rate,
+        seed=training.seed,
+    )
     path = Path(job.warmstart_dir or Path(training.output_dir) / "warmstart")
     stamp = path / "warmstart.json"
     wanted = {"seed": training.seed, **config.__dict__}
@@ -69,8 +78,13 @@ def peft_config(job: JobArguments):
         return None
     from peft import LoraConfig
 
-    return LoraConfig(r=job.lora_r, lora_alpha=job.lora_alpha, lora_dropout=job.lora_dropout,
-                      target_modules=list(job.lora_target_modules), task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=job.lora_r,
+        lora_alpha=job.lora_alpha,
+        lora_dropout=job.lora_dropout,
+        target_modules=list(job.lora_target_modules),
+        task_type="CAUSAL_LM",
+    )
 
 
 def _tokenizer(job: JobArguments):
@@ -98,20 +112,31 @@ def run(job: JobArguments, training) -> dict:
     from trl_gptoss.trainer import GptOssGRPOTrainer
 
     tokenizer = _tokenizer(job)
-    model = build_embedded_model(job, training, tokenizer) if job.model_name_or_path == EMBEDDED_MODEL \
+    model = (
+        build_embedded_model(job, training, tokenizer)
+        if job.model_name_or_path == EMBEDDED_MODEL
         else job.model_name_or_path
+    )
     _model_init_dtype(job, training)
     dataset = load_dataset_for(job, seed=training.seed)
-    trainer = GptOssGRPOTrainer(model=model, reward_funcs=[reward_function(job.task)], args=training,
-                                train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config(job))
+    trainer = GptOssGRPOTrainer(
+        model=model,
+        reward_funcs=[reward_function(job.task)],
+        args=training,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config(job),
+    )
     try:
         resume = training.resume_from_checkpoint  # TrainingArguments' field; "latest" = newest in output_dir
         trainer.train(resume_from_checkpoint=True if resume == "latest" else resume)
         trainer.save_model(training.output_dir)
         return finish_run(trainer, plot=job.plot)
     except KeyboardInterrupt:
-        print(f"\ninterrupted: the rollout server is being stopped; checkpoints saved so far are in "
-              f"{training.output_dir} (resume with --resume_from_checkpoint latest)")
+        print(
+            f"\ninterrupted: the rollout server is being stopped; checkpoints saved so far are in "
+            f"{training.output_dir} (resume with --resume_from_checkpoint latest)"
+        )
         raise
     finally:
         trainer.close()

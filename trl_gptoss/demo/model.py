@@ -45,11 +45,15 @@ class TinyGptOssSpec:
         if self.head_dim != 64:
             raise ValueError(f"head_dim must be 64 (vLLM's CPU attention supports no other size), got {self.head_dim}")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                             f"num_key_value_heads ({self.num_key_value_heads})")
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
         if not 2 <= self.num_experts_per_tok <= self.num_local_experts:
-            raise ValueError(f"num_experts_per_tok must be in [2, num_local_experts={self.num_local_experts}], "
-                             f"got {self.num_experts_per_tok}")
+            raise ValueError(
+                f"num_experts_per_tok must be in [2, num_local_experts={self.num_local_experts}], "
+                f"got {self.num_experts_per_tok}"
+            )
 
 
 def tiny_config(tokenizer, spec: TinyGptOssSpec = TinyGptOssSpec()) -> GptOssConfig:
@@ -69,8 +73,9 @@ def tiny_config(tokenizer, spec: TinyGptOssSpec = TinyGptOssSpec()) -> GptOssCon
     )
 
 
-def build_tiny_gpt_oss(tokenizer, spec: TinyGptOssSpec = TinyGptOssSpec(), *, seed: int = 0,
-                       attn_implementation: str = "fa3_sink") -> GptOssForCausalLM:
+def build_tiny_gpt_oss(
+    tokenizer, spec: TinyGptOssSpec = TinyGptOssSpec(), *, seed: int = 0, attn_implementation: str = "fa3_sink"
+) -> GptOssForCausalLM:
     """A randomly initialised fp32 tiny GPT-OSS, a pure function of ``seed``."""
     torch.manual_seed(seed)
     model = GptOssForCausalLM(tiny_config(tokenizer, spec))

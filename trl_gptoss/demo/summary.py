@@ -28,8 +28,10 @@ def summarize(history: list[dict]) -> dict:
         values = series(history, key)[1]
         if values:
             summary[f"{name}_first_20pct"], summary[f"{name}_last_20pct"] = _window_means(values)
-    for key, name in (("rollout_corr/abs_logp_diff_max", "max_abs_logp_diff"),
-                      ("policy/ratio_max_abs_dev", "max_ratio_dev")):
+    for key, name in (
+        ("rollout_corr/abs_logp_diff_max", "max_abs_logp_diff"),
+        ("policy/ratio_max_abs_dev", "max_ratio_dev"),
+    ):
         values = series(history, key)[1]
         if values:
             summary[name] = max(values)
@@ -54,10 +56,27 @@ def format_summary(summary: dict, paths: dict) -> str:
     return "\n".join(lines)
 
 
-CARD_FIELDS = ("rollout_backend", "attn_implementation", "experts_implementation", "tool_names", "max_turns",
-               "rollout_correction", "sp_size", "num_generations", "per_device_train_batch_size",
-               "gradient_accumulation_steps", "steps_per_generation", "num_iterations", "learning_rate", "beta",
-               "loss_type", "max_completion_length", "temperature", "max_steps", "seed")
+CARD_FIELDS = (
+    "rollout_backend",
+    "attn_implementation",
+    "experts_implementation",
+    "tool_names",
+    "max_turns",
+    "rollout_correction",
+    "sp_size",
+    "num_generations",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "steps_per_generation",
+    "num_iterations",
+    "learning_rate",
+    "beta",
+    "loss_type",
+    "max_completion_length",
+    "temperature",
+    "max_steps",
+    "seed",
+)
 
 
 def _append_run_section(card: Path, trainer, summary: dict) -> None:
@@ -69,8 +88,10 @@ def _append_run_section(card: Path, trainer, summary: dict) -> None:
     lines = ["", "## Run", "", f"Base checkpoint: `{base}`", "", "| setting | value |", "|---|---|", *rows, ""]
     for name in ("reward", "tool_calls_per_episode"):
         if f"{name}_first_20pct" in summary:
-            lines.append(f"- {name.replace('_', ' ')}: {summary[f'{name}_first_20pct']:+.3f} (first 20% of steps) -> "
-                         f"{summary[f'{name}_last_20pct']:+.3f} (last 20%)")
+            lines.append(
+                f"- {name.replace('_', ' ')}: {summary[f'{name}_first_20pct']:+.3f} (first 20% of steps) -> "
+                f"{summary[f'{name}_last_20pct']:+.3f} (last 20%)"
+            )
     if "max_abs_logp_diff" in summary:
         lines.append(f"- max |log p_train - log p_rollout| over the run: {summary['max_abs_logp_diff']:.2e}")
     card.write_text(card.read_text() + "\n".join(lines) + "\n")

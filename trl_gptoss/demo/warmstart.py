@@ -41,8 +41,9 @@ class WarmStartConfig:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
 
 
-def demonstrations(tokenizer, config: WarmStartConfig, *, prompt_seed_offset: int = 10_000
-                   ) -> list[TokenizedDemonstration]:
+def demonstrations(
+    tokenizer, config: WarmStartConfig, *, prompt_seed_offset: int = 10_000
+) -> list[TokenizedDemonstration]:
     """Tokenised demonstrations; their problems come from a seed stream disjoint from the RL prompts'."""
     from trl_gptoss.data.formats import retool_row
 
