@@ -44,7 +44,7 @@ def _packed_sequence(rank: int, seq_len: int, documents: int):
     import torch
 
     gen = torch.Generator().manual_seed(rank)
-    cuts = torch.randperm(seq_len - 1, generator=gen)[:documents - 1].add(1).sort().values.tolist()
+    cuts = torch.randperm(seq_len - 1, generator=gen)[: documents - 1].add(1).sort().values.tolist()
     bounds = [0, *cuts, seq_len]
     ids = torch.randint(0, 512, (seq_len,), generator=gen)
     positions = torch.cat([torch.arange(b - a) for a, b in zip(bounds[:-1], bounds[1:])])
@@ -60,7 +60,7 @@ def _as_padded_rows(ids, positions):
     rows = torch.zeros(len(spans), max(b - a for a, b in spans), dtype=torch.long)
     mask = torch.zeros_like(rows)
     for row, (a, b) in enumerate(spans):
-        rows[row, :b - a], mask[row, :b - a] = ids[a:b], 1
+        rows[row, : b - a], mask[row, : b - a] = ids[a:b], 1
     return rows, mask
 
 
@@ -91,20 +91,28 @@ def bench_worker(rank, world, inner, seq_len, documents, steps, heads):
         runner.forward_backward(rows, mask, loss_fn)
         walls.append(time.perf_counter() - wall)
         cpus.append(time.process_time() - cpu)
-    return {"loss": float(first.loss), "activation_peak_mib": (peak - baseline) / 2**20,
-            "step_wall_s": statistics.median(walls), "step_cpu_s": statistics.median(cpus)}
+    return {
+        "loss": float(first.loss),
+        "activation_peak_mib": (peak - baseline) / 2**20,
+        "step_wall_s": statistics.median(walls),
+        "step_cpu_s": statistics.median(cpus),
+    }
 
 
 def run(inner: str, seq_len: int, documents: int, sp_sizes, steps: int, heads: int) -> dict:
     rows = []
     for sp in sp_sizes:
         with tempfile.TemporaryDirectory() as run_dir:
-            per_rank = launch(bench_worker, sp, Path(run_dir), inner, seq_len, documents, steps, heads,
-                              timeout=540)
-        rows.append({"sp": sp, "loss_rank0": per_rank[0]["loss"],
-                     "activation_peak_mib": max(r["activation_peak_mib"] for r in per_rank),
-                     "step_wall_s": max(r["step_wall_s"] for r in per_rank),
-                     "step_cpu_s": max(r["step_cpu_s"] for r in per_rank)})
+            per_rank = launch(bench_worker, sp, Path(run_dir), inner, seq_len, documents, steps, heads, timeout=540)
+        rows.append(
+            {
+                "sp": sp,
+                "loss_rank0": per_rank[0]["loss"],
+                "activation_peak_mib": max(r["activation_peak_mib"] for r in per_rank),
+                "step_wall_s": max(r["step_wall_s"] for r in per_rank),
+                "step_cpu_s": max(r["step_cpu_s"] for r in per_rank),
+            }
+        )
         print(f"sp={sp}: {rows[-1]}", flush=True)
     base = rows[0]
     for row in rows:
@@ -115,20 +123,31 @@ def run(inner: str, seq_len: int, documents: int, sp_sizes, steps: int, heads: i
         # a step processes sp sequences (one per owner); per-sequence cost is step / sp
         row["wall_per_sequence_ratio"] = row["step_wall_s"] / row["sp"] / base["step_wall_s"]
         row["cpu_per_sequence_ratio"] = row["step_cpu_s"] / row["sp"] / base["step_cpu_s"]
-    return {"inner": inner, "seq_len": seq_len, "documents": documents, "steps": steps, "heads": heads,
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "rows": rows}
+    return {
+        "inner": inner,
+        "seq_len": seq_len,
+        "documents": documents,
+        "steps": steps,
+        "heads": heads,
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "rows": rows,
+    }
 
 
 def _table(result: dict) -> str:
-    lines = [f"inner={result['inner']}  T={result['seq_len']} ({result['documents']} documents), "
-             f"{result['heads']} query heads",
-             "| sp | activation peak / rank (MiB) | × sp=1 | step wall (s) | step CPU / rank (s) "
-             "| wall per seq × sp=1 | CPU per seq × sp=1 |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"inner={result['inner']}  T={result['seq_len']} ({result['documents']} documents), "
+        f"{result['heads']} query heads",
+        "| sp | activation peak / rank (MiB) | × sp=1 | step wall (s) | step CPU / rank (s) "
+        "| wall per seq × sp=1 | CPU per seq × sp=1 |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
-        lines.append(f"| {r['sp']} | {r['activation_peak_mib']:.0f} | {r['memory_ratio']:.2f} | "
-                     f"{r['step_wall_s']:.2f} | {r['step_cpu_s']:.2f} | {r['wall_per_sequence_ratio']:.2f} | "
-                     f"{r['cpu_per_sequence_ratio']:.2f} |")
+        lines.append(
+            f"| {r['sp']} | {r['activation_peak_mib']:.0f} | {r['memory_ratio']:.2f} | "
+            f"{r['step_wall_s']:.2f} | {r['step_cpu_s']:.2f} | {r['wall_per_sequence_ratio']:.2f} | "
+            f"{r['cpu_per_sequence_ratio']:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -141,8 +160,7 @@ def _exact_rss_accounting():
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--inner", default="eager", choices=["eager", "fa3_sink"])
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--documents", type=int, default=4)

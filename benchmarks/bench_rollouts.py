@@ -51,8 +51,10 @@ def trajectories():
     """``uniform`` workload: conversation j's trajectory depends only on its call count (equal short turns)."""
     from trl_gptoss.testing.tool_caller import ToolTrajectory
 
-    return {k: ToolTrajectory(f"Make {k} python calls.", tuple((f"print({i + 1})", str(i + 1)) for i in range(k)),
-                              "done") for k in sorted(set(CALL_COUNTS))}
+    return {
+        k: ToolTrajectory(f"Make {k} python calls.", tuple((f"print({i + 1})", str(i + 1)) for i in range(k)), "done")
+        for k in sorted(set(CALL_COUNTS))
+    }
 
 
 def varied_trajectories() -> list:
@@ -86,8 +88,10 @@ def build_checkpoint(cache: Path, tokenizer) -> Path:
     losses = overfit(model, tokenizer, list(trajectories().values()), steps=600, lr=2e-3, check_every=25)
     bad = [k for k, t in trajectories().items() if not reproduces(model, tokenizer, t)]
     if bad:
-        raise RuntimeError(f"the overfit model does not reproduce the trajectories with {bad} calls "
-                           f"(final loss {losses[-1]:.4f}); train longer")
+        raise RuntimeError(
+            f"the overfit model does not reproduce the trajectories with {bad} calls "
+            f"(final loss {losses[-1]:.4f}); train longer"
+        )
     print(f"overfit {len(losses)} steps in {time.perf_counter() - start:.0f}s, final loss {losses[-1]:.5f}")
     return save_tiny_checkpoint(cache, model, tokenizer=tokenizer)
 
@@ -105,8 +109,9 @@ class ScriptedOnServer:
 
     async def generate(self, request):
         scripted = await self.script.generate(request)
-        work = GenerationRequest(request.prompt_ids, len(scripted.token_ids), temperature=request.temperature,
-                                 seed=request.seed)
+        work = GenerationRequest(
+            request.prompt_ids, len(scripted.token_ids), temperature=request.temperature, seed=request.seed
+        )
         served = await self.engine.generate(work)
         if len(served.token_ids) != len(scripted.token_ids):
             raise RuntimeError(f"server generated {len(served.token_ids)} tokens, {len(scripted.token_ids)} asked")
@@ -155,9 +160,16 @@ async def lockstep_rollouts(engine, prompts, tokenizer, tool, *, parallel_tools:
     loop = asyncio.get_running_loop()
     try:
         while active:
-            requests = [GenerationRequest(prompts[i] + completions[i], MAX_COMPLETION, temperature=TEMPERATURE,
-                                          seed=derive_seed(0, i, turns[i]), stop_token_ids=(return_id, call_id))
-                        for i in active]
+            requests = [
+                GenerationRequest(
+                    prompts[i] + completions[i],
+                    MAX_COMPLETION,
+                    temperature=TEMPERATURE,
+                    seed=derive_seed(0, i, turns[i]),
+                    stop_token_ids=(return_id, call_id),
+                )
+                for i in active
+            ]
             generations = await asyncio.gather(*(engine.generate(r) for r in requests))
             calls = []
             for i, generation in zip(active, generations):
@@ -168,14 +180,14 @@ async def lockstep_rollouts(engine, prompts, tokenizer, tool, *, parallel_tools:
                 if tokens and tokens[-1] == call_id and len(tokens) <= room and turns[i] < MAX_TURNS:
                     calls.append((i, parse_completion(tokens, codec).tool_calls[-1]))
             if parallel_tools:
-                results = await asyncio.gather(*(loop.run_in_executor(pool, tool.call, c.arguments)
-                                                 for _, c in calls))
+                results = await asyncio.gather(*(loop.run_in_executor(pool, tool.call, c.arguments) for _, c in calls))
             else:
                 results = [tool.call(c.arguments) for _, c in calls]  # blocks the loop, as TRL's sync tools do
             active = []
             for (i, call), result in zip(calls, results):
-                reply = Message("tool", result.render(), channel=call.channel, recipient="assistant",
-                                name=call.recipient)
+                reply = Message(
+                    "tool", result.render(), channel=call.channel, recipient="assistant", name=call.recipient
+                )
                 completions[i] += render_message(reply, codec) + header
                 active.append(i)
     finally:
@@ -187,16 +199,26 @@ def run_variant(name, engine, prompts, tokenizer, tool):
     engine.reset()
     start = time.perf_counter()
     if name == "async":
-        config = RolloutConfig(max_turns=MAX_TURNS, max_completion_tokens=MAX_COMPLETION, temperature=TEMPERATURE,
-                               max_concurrent_tools=POOL, python_stateful=False)
+        config = RolloutConfig(
+            max_turns=MAX_TURNS,
+            max_completion_tokens=MAX_COMPLETION,
+            temperature=TEMPERATURE,
+            max_concurrent_tools=POOL,
+            python_stateful=False,
+        )
         rollouts = run_rollouts(engine, prompts, tokenizer=tokenizer, tools=[tool], config=config)
         completions = [r.completion_ids for r in rollouts]
     else:
-        completions = asyncio.run(lockstep_rollouts(engine, prompts, tokenizer, tool,
-                                                    parallel_tools=name.endswith("tools")))
+        completions = asyncio.run(
+            lockstep_rollouts(engine, prompts, tokenizer, tool, parallel_tools=name.endswith("tools"))
+        )
     wall = time.perf_counter() - start
-    return completions, {"wall_s": wall, "sampled_tokens": engine.tokens, "tokens_per_s": engine.tokens / wall,
-                         "engine_idle_share": 1.0 - engine.busy / wall}
+    return completions, {
+        "wall_s": wall,
+        "sampled_tokens": engine.tokens,
+        "tokens_per_s": engine.tokens / wall,
+        "engine_idle_share": 1.0 - engine.busy / wall,
+    }
 
 
 def check(name, completions, tokenizer, reference):
@@ -205,8 +227,9 @@ def check(name, completions, tokenizer, reference):
         parsed = parse_completion(completion, codec)
         calls = [m for m in parsed.messages if m.role == "assistant" and m.recipient == "python"]
         if len(calls) != k or parsed.final_answer != "done":
-            raise RuntimeError(f"{name}: a conversation meant to make {k} calls made {len(calls)} "
-                               f"and answered {parsed.final_answer!r}")
+            raise RuntimeError(
+                f"{name}: a conversation meant to make {k} calls made {len(calls)} and answered {parsed.final_answer!r}"
+            )
     if reference is not None and completions != reference:
         raise RuntimeError(f"{name}: completions differ from the async loop's; the variants did not do equal work")
 
@@ -216,12 +239,20 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/rollouts_cpu.json"))
     parser.add_argument("--cache", default=None, help="checkpoint directory (default: the trl-gptoss cache)")
-    parser.add_argument("--workload", choices=["uniform", "varied"], default="uniform",
-                        help="uniform: equal short turns and instant programs; varied: turn lengths and program "
-                             "durations drawn per turn (seeded)")
-    parser.add_argument("--policy", choices=["scripted", "overfit"], default="scripted",
-                        help="scripted: a random tiny model does the real generation work of scripted turns; "
-                             "overfit: a tiny model trained to make the calls itself (slow to train on a busy CPU)")
+    parser.add_argument(
+        "--workload",
+        choices=["uniform", "varied"],
+        default="uniform",
+        help="uniform: equal short turns and instant programs; varied: turn lengths and program "
+        "durations drawn per turn (seeded)",
+    )
+    parser.add_argument(
+        "--policy",
+        choices=["scripted", "overfit"],
+        default="scripted",
+        help="scripted: a random tiny model does the real generation work of scripted turns; "
+        "overfit: a tiny model trained to make the calls itself (slow to train on a busy CPU)",
+    )
     args = parser.parse_args(argv)
 
     from trl_gptoss.harmony.tokenizer import cache_dir
@@ -273,19 +304,33 @@ def main(argv=None) -> int:
 def report(runs, out, policy: str, workload: str) -> int:
     median = {v: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for v, rs in runs.items()}
     base = median["lockstep"]["wall_s"]
-    print(f"16 conversations, tool calls {CALL_COUNTS} (sum {sum(CALL_COUNTS)}), one sandbox run per call, "
-          f"policy {policy}, workload {workload}; "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"16 conversations, tool calls {CALL_COUNTS} (sum {sum(CALL_COUNTS)}), one sandbox run per call, "
+        f"policy {policy}, workload {workload}; "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
     print(f"{'variant':<26}{'wall s':>9}{'speed-up':>10}{'tokens/s':>10}{'engine idle':>13}")
     for variant, m in median.items():
-        print(f"{variant:<26}{m['wall_s']:>9.2f}{base / m['wall_s']:>9.2f}x{m['tokens_per_s']:>10.1f}"
-              f"{m['engine_idle_share']:>12.0%}")
-    result = {"workload": {"conversations": len(CALL_COUNTS), "tool_calls": CALL_COUNTS, "policy": policy,
-                           "turns": workload,
-                           "max_completion_tokens": MAX_COMPLETION, "tool_pool": POOL, "temperature": TEMPERATURE},
-              "load_average_1m_at_end": os.getloadavg()[0], "cpu_count": os.cpu_count(),
-              "median": median, "speedup_vs_lockstep": {v: base / m["wall_s"] for v, m in median.items()},
-              "runs": runs}
+        print(
+            f"{variant:<26}{m['wall_s']:>9.2f}{base / m['wall_s']:>9.2f}x{m['tokens_per_s']:>10.1f}"
+            f"{m['engine_idle_share']:>12.0%}"
+        )
+    result = {
+        "workload": {
+            "conversations": len(CALL_COUNTS),
+            "tool_calls": CALL_COUNTS,
+            "policy": policy,
+            "turns": workload,
+            "max_completion_tokens": MAX_COMPLETION,
+            "tool_pool": POOL,
+            "temperature": TEMPERATURE,
+        },
+        "load_average_1m_at_end": os.getloadavg()[0],
+        "cpu_count": os.cpu_count(),
+        "median": median,
+        "speedup_vs_lockstep": {v: base / m["wall_s"] for v, m in median.items()},
+        "runs": runs,
+    }
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")

@@ -61,9 +61,7 @@ def _time_interleaved(variants: dict, calls: int, worker_timed: dict | None = No
 
 
 def _bare(python: str, *flags: str):
-    return lambda: (
-        subprocess.run([python, *flags, "-c", "print(1)"], capture_output=True, text=True, env={}).stdout
-    )
+    return lambda: subprocess.run([python, *flags, "-c", "print(1)"], capture_output=True, text=True, env={}).stdout
 
 
 _BASELINE_WORKER = """
@@ -83,8 +81,12 @@ class _BaselineSandbox:
     def __init__(self, tree: str, python: str):
         env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _BASELINE_WORKER, python], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True, env=env, cwd=tree,
+            [sys.executable, "-c", _BASELINE_WORKER, python],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=tree,
         )
         self.last_seconds = None
 
@@ -142,9 +144,7 @@ def bench_concurrency(batch: int, workers: list[int]) -> list[dict]:
         elapsed = time.perf_counter() - start
         if [r.stdout for r in results] != [f"{i}\n" for i in range(batch)] or not all(r.ok for r in results):
             raise RuntimeError(f"verification failed at max_concurrency={n}")
-        rows.append(
-            {"max_concurrency": n, "calls": batch, "seconds": elapsed, "calls_per_s": batch / elapsed}
-        )
+        rows.append({"max_concurrency": n, "calls": batch, "seconds": elapsed, "calls_per_s": batch / elapsed})
     base = rows[0]["seconds"]
     for row in rows:
         row["speedup_vs_first"] = base / row["seconds"]
@@ -152,9 +152,7 @@ def bench_concurrency(batch: int, workers: list[int]) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--batch", type=int, default=200)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 8, 16])

@@ -51,8 +51,9 @@ def _eager(q, k, v, sinks, window):
         allowed &= pos[None, :] > pos[:, None] - window
     mask = torch.zeros(seqlen, seqlen, dtype=q.dtype).masked_fill(~allowed, torch.finfo(q.dtype).min)
     module = SimpleNamespace(sinks=sinks, num_key_value_groups=HQ // HKV, training=True)
-    out, _ = eager_attention_forward(module, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                     mask[None, None], scaling=DIM**-0.5)
+    out, _ = eager_attention_forward(
+        module, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask[None, None], scaling=DIM**-0.5
+    )
     return out
 
 
@@ -61,8 +62,13 @@ def _sdpa_no_sinks(q, k, v, sinks, window):
     pos = torch.arange(seqlen)
     allowed = (pos[None, :] <= pos[:, None]) & ((pos[None, :] > pos[:, None] - window) if window else True)
     out = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=None if window is None else allowed,
-        is_causal=window is None, enable_gqa=True)
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        attn_mask=None if window is None else allowed,
+        is_causal=window is None,
+        enable_gqa=True,
+    )
     return out.transpose(1, 2)
 
 
@@ -115,8 +121,9 @@ def run_case(impl, seqlen, window, reps, threads):
     torch.set_num_threads(threads)
     # Warm-up at T=16: imports, OpenMP threads and allocator arenas are not the workload's memory.
     warm = _inputs(16)
-    torch.autograd.grad(IMPLS[impl](*warm, window), warm[:3] if impl == "sdpa-no-sinks" else warm,
-                        torch.randn(1, 16, HQ, DIM))
+    torch.autograd.grad(
+        IMPLS[impl](*warm, window), warm[:3] if impl == "sdpa-no-sinks" else warm, torch.randn(1, 16, HQ, DIM)
+    )
     del warm
     leaves = _inputs(seqlen)
     grad = torch.randn(1, seqlen, HQ, DIM)
@@ -134,8 +141,16 @@ def run_case(impl, seqlen, window, reps, threads):
             peak_mib = (_rss_kib("VmHWM") - before) / 1024
             finite = bool(torch.isfinite(out).all())
         del out
-    return dict(impl=impl, seqlen=seqlen, window=window, time_s=min(times), cpu_s=min(cpu_times),
-                peak_mib=peak_mib, finite=finite, threads=torch.get_num_threads())
+    return dict(
+        impl=impl,
+        seqlen=seqlen,
+        window=window,
+        time_s=min(times),
+        cpu_s=min(cpu_times),
+        peak_mib=peak_mib,
+        finite=finite,
+        threads=torch.get_num_threads(),
+    )
 
 
 def _spawn(impl, seqlen, window, reps, threads):
@@ -147,8 +162,11 @@ def _spawn(impl, seqlen, window, reps, threads):
 
 
 def _table(rows):
-    lines = ["| impl | T | window | fwd+bwd wall s | fwd+bwd cpu-s | peak MiB | wall / eager | cpu-s / eager "
-             "| memory / eager | memory / sdpa |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| impl | T | window | fwd+bwd wall s | fwd+bwd cpu-s | peak MiB | wall / eager | cpu-s / eager "
+        "| memory / eager | memory / sdpa |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     eager = {(r["seqlen"], r["window"]): r for r in rows if r["impl"] == "eager" and "error" not in r}
     sdpa = {(r["seqlen"], r["window"]): r for r in rows if r["impl"] == "sdpa-no-sinks" and "error" not in r}
     for r in rows:
@@ -159,21 +177,26 @@ def _table(rows):
         ratios = [f"{r[key] / base[key]:.2f}" if base else "-" for key in ("time_s", "cpu_s", "peak_mib")]
         plain = sdpa.get((r["seqlen"], r["window"]))
         ratios.append(f"{r['peak_mib'] / plain['peak_mib']:.2f}" if plain else "-")
-        lines.append(f"| {r['impl']} | {r['seqlen']} | {r['window'] or 'full'} | {r['time_s']:.2f} | "
-                     f"{r['cpu_s']:.2f} | {r['peak_mib']:.0f} | {' | '.join(ratios)} |")
+        lines.append(
+            f"| {r['impl']} | {r['seqlen']} | {r['window'] or 'full'} | {r['time_s']:.2f} | "
+            f"{r['cpu_s']:.2f} | {r['peak_mib']:.0f} | {' | '.join(ratios)} |"
+        )
     return "\n".join(lines)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--case", nargs=5, metavar=("IMPL", "T", "WINDOW", "REPS", "THREADS"),
-                        help=argparse.SUPPRESS)
+    parser.add_argument("--case", nargs=5, metavar=("IMPL", "T", "WINDOW", "REPS", "THREADS"), help=argparse.SUPPRESS)
     parser.add_argument("--lengths", default="1024,2048", help="T for the eager comparison (<= 2048)")
     parser.add_argument("--long", default="8192,16384,32768", help="extra T for chunked, window 128")
     parser.add_argument("--long-full", default="8192,16384", help="extra T for chunked, full attention")
     parser.add_argument("--reps", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2,
-                        help="torch threads; 1 gives comparable cpu-s on a contended machine (no spin-waiting)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=2,
+        help="torch threads; 1 gives comparable cpu-s on a contended machine (no spin-waiting)",
+    )
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.case:
@@ -192,8 +215,14 @@ def main():
             rows.append(_spawn("chunked", seqlen, window, 1, args.threads))
             print(rows[-1], flush=True)
     print(_table(rows))
-    meta = dict(shape=dict(hq=HQ, hkv=HKV, head_dim=DIM, batch=1), dtype="float32", cpu_count=os.cpu_count(),
-                load_average=os.getloadavg(), torch=torch.__version__, rows=rows)
+    meta = dict(
+        shape=dict(hq=HQ, hkv=HKV, head_dim=DIM, batch=1),
+        dtype="float32",
+        cpu_count=os.cpu_count(),
+        load_average=os.getloadavg(),
+        torch=torch.__version__,
+        rows=rows,
+    )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(meta, indent=2) + "\n")
     print(f"wrote {args.json}")

@@ -69,8 +69,9 @@ def verify(backends):
 
     for window in (None, WINDOW):
         q, k, v, sinks, cu, max_len = _inputs(1400, 2, torch.bfloat16, seed=1)
-        ref_fn = lambda q, k, v, s, **kw: sink_attention_ref(q, k, v, s, cu_seqlens=kw["cu_seqlens"],
-                                                             window=kw["window"])
+        ref_fn = lambda q, k, v, s, **kw: sink_attention_ref(
+            q, k, v, s, cu_seqlens=kw["cu_seqlens"], window=kw["window"]
+        )
         ref = _run(ref_fn, *(t.float() for t in (q, k, v)), sinks, cu, max_len, window, True)
         for name, fn in backends.items():
             got = _run(fn, q, k, v, sinks, cu, max_len, window, True)
@@ -96,9 +97,16 @@ def bench_case(name, fn, seqlen, docs, window):
     grad = torch.randn_like(o)
     fwd_ms = _time_ms(forward)
     fwd_bwd_ms = _time_ms(lambda: torch.autograd.grad(forward(), leaves, grad))
-    return {"backend": name, "seqlen": seqlen, "docs": docs, "window": window, "fwd_ms": fwd_ms,
-            "fwd_bwd_ms": fwd_bwd_ms, "fwd_tflops": flops_fwd / fwd_ms / 1e9,
-            "fwd_bwd_tflops": 3.5 * flops_fwd / fwd_bwd_ms / 1e9}
+    return {
+        "backend": name,
+        "seqlen": seqlen,
+        "docs": docs,
+        "window": window,
+        "fwd_ms": fwd_ms,
+        "fwd_bwd_ms": fwd_bwd_ms,
+        "fwd_tflops": flops_fwd / fwd_ms / 1e9,
+        "fwd_bwd_tflops": 3.5 * flops_fwd / fwd_bwd_ms / 1e9,
+    }
 
 
 def main(argv=None):
@@ -107,17 +115,25 @@ def main(argv=None):
     parser.add_argument("--docs", type=int, default=1, help="packed documents per case")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("bench_triton_attention: no CUDA device here; this benchmark needs a GPU "
-              "(on CPU the kernels are tested under TRITON_INTERPRET=1, see docs/triton_kernels.md)")
+        print(
+            "bench_triton_attention: no CUDA device here; this benchmark needs a GPU "
+            "(on CPU the kernels are tested under TRITON_INTERPRET=1, see docs/triton_kernels.md)"
+        )
         return 0
     backends = _backends()
     verify(backends)
-    rows = [bench_case(name, fn, int(t), args.docs, window)
-            for window in (None, WINDOW) for t in args.seqlens.split(",") for name, fn in backends.items()]
+    rows = [
+        bench_case(name, fn, int(t), args.docs, window)
+        for window in (None, WINDOW)
+        for t in args.seqlens.split(",")
+        for name, fn in backends.items()
+    ]
     print(f"{'backend':8} {'T':>6} {'window':>6} {'fwd ms':>8} {'fwd TF/s':>9} {'f+b ms':>8} {'f+b TF/s':>9}")
     for r in rows:
-        print(f"{r['backend']:8} {r['seqlen']:>6} {str(r['window']):>6} {r['fwd_ms']:8.3f} "
-              f"{r['fwd_tflops']:9.1f} {r['fwd_bwd_ms']:8.3f} {r['fwd_bwd_tflops']:9.1f}")
+        print(
+            f"{r['backend']:8} {r['seqlen']:>6} {str(r['window']):>6} {r['fwd_ms']:8.3f} "
+            f"{r['fwd_tflops']:9.1f} {r['fwd_bwd_ms']:8.3f} {r['fwd_bwd_tflops']:9.1f}"
+        )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
     print(f"wrote {RESULTS}")

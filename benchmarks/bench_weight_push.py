@@ -26,11 +26,21 @@ SEQUENCE = list(range(5, 69))
 
 
 def scores_server(engine) -> torch.Tensor:
-    payload = {"model": engine.model, "prompt": SEQUENCE, "max_tokens": 1, "prompt_logprobs": 0,
-               "return_tokens_as_token_ids": True}
+    payload = {
+        "model": engine.model,
+        "prompt": SEQUENCE,
+        "max_tokens": 1,
+        "prompt_logprobs": 0,
+        "return_tokens_as_token_ids": True,
+    }
     entries = engine.request("POST", "/v1/completions", payload)["choices"][0]["prompt_logprobs"][1:]
-    return torch.tensor([next(v["logprob"] for k, v in e.items() if k in (str(t), f"token_id:{t}"))
-                         for t, e in zip(SEQUENCE[1:], entries)], dtype=torch.float64)
+    return torch.tensor(
+        [
+            next(v["logprob"] for k, v in e.items() if k in (str(t), f"token_id:{t}"))
+            for t, e in zip(SEQUENCE[1:], entries)
+        ],
+        dtype=torch.float64,
+    )
 
 
 def scores_trainer(model) -> torch.Tensor:
@@ -82,9 +92,16 @@ def main() -> None:
     parser.add_argument("--experts", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    model = tiny_gpt_oss(seed=0, num_hidden_layers=args.layers, hidden_size=args.hidden,
-                         intermediate_size=args.hidden, num_local_experts=args.experts, num_attention_heads=8,
-                         num_key_value_heads=2, initializer_range=0.05)
+    model = tiny_gpt_oss(
+        seed=0,
+        num_hidden_layers=args.layers,
+        hidden_size=args.hidden,
+        intermediate_size=args.hidden,
+        num_local_experts=args.experts,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        initializer_range=0.05,
+    )
     size_gb = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
     with tempfile.TemporaryDirectory() as tmp:
         save_tiny_checkpoint(Path(tmp) / "ckpt", model)
@@ -106,15 +123,30 @@ def main() -> None:
             engine.close()
             startup = server.startup_seconds
     best = min(pushes)
-    result = {"device": "cpu", "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-              "model_gb": size_gb, "layers": args.layers, "hidden": args.hidden, "experts": args.experts,
-              "server_startup_s": startup, "first_push_s": first_push, "push_s": pushes,
-              "server_split_s": splits[pushes.index(best)], "s_per_gb": best / size_gb, "gb_per_s": size_gb / best,
-              "max_abs_logprob_error": error}
-    print(f"{'model GB':>9} {'start s':>8} {'1st push s':>10} {'push s (best)':>13} {'s/GB':>6} {'GB/s':>6} "
-          f"{'max err':>8}")
-    print(f"{size_gb:9.3f} {startup:8.1f} {first_push:10.2f} {best:13.2f} {best / size_gb:6.2f} "
-          f"{size_gb / best:6.3f} {error:8.1e}")
+    result = {
+        "device": "cpu",
+        "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "model_gb": size_gb,
+        "layers": args.layers,
+        "hidden": args.hidden,
+        "experts": args.experts,
+        "server_startup_s": startup,
+        "first_push_s": first_push,
+        "push_s": pushes,
+        "server_split_s": splits[pushes.index(best)],
+        "s_per_gb": best / size_gb,
+        "gb_per_s": size_gb / best,
+        "max_abs_logprob_error": error,
+    }
+    print(
+        f"{'model GB':>9} {'start s':>8} {'1st push s':>10} {'push s (best)':>13} {'s/GB':>6} {'GB/s':>6} "
+        f"{'max err':>8}"
+    )
+    print(
+        f"{size_gb:9.3f} {startup:8.1f} {first_push:10.2f} {best:13.2f} {best / size_gb:6.2f} "
+        f"{size_gb / best:6.3f} {error:8.1e}"
+    )
     print("server-side split of the best push (s):", {k: round(v, 2) for k, v in result["server_split_s"].items()})
     out = Path(__file__).parent / "results" / "weight_push_cpu.json"
     out.write_text(json.dumps(result, indent=2) + "\n")

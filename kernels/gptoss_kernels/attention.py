@@ -42,8 +42,9 @@ def select_backend(q, k, cu_seqlens, window, backend="auto", key_mask=None):
         return backend, "requested"
     if backend == "fa4":
         why_not = "flash-attn-4 is not importable on an SM90+ GPU" if not fa4_available() else fa4_supports(q, window)
-        why_not = why_not or ("a key_mask (padding holes) is taken by the chunked path" if key_mask is not None
-                              else None)
+        why_not = why_not or (
+            "a key_mask (padding holes) is taken by the chunked path" if key_mask is not None else None
+        )
         if why_not:
             raise ValueError(f"backend='fa4' cannot run this case: {why_not}; use backend='auto'")
         return backend, "requested"
@@ -86,8 +87,9 @@ def _run_triton(q, k, v, sinks, cu_seqlens, info, max_seqlen, window, scale):
     return out.view(q.shape)
 
 
-def sink_attention(q, k, v, sinks, *, cu_seqlens=None, max_seqlen=None, window=None, scale=None,
-                   key_mask=None, backend="auto"):
+def sink_attention(
+    q, k, v, sinks, *, cu_seqlens=None, max_seqlen=None, window=None, scale=None, key_mask=None, backend="auto"
+):
     """Causal attention whose softmax denominator also holds a learnable per-head sink.
 
     For query row i of head h over its allowed keys j (causal; with ``window=W`` only the last W tokens
@@ -109,23 +111,23 @@ def sink_attention(q, k, v, sinks, *, cu_seqlens=None, max_seqlen=None, window=N
     Returns:
         ``o`` shaped and typed like ``q``; differentiable in q, k, v and sinks.
     """
-    info = check_sink_attention_inputs(q, k, v, sinks, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
-                                       window=window, key_mask=key_mask, scale=scale)
+    info = check_sink_attention_inputs(
+        q, k, v, sinks, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, window=window, key_mask=key_mask, scale=scale
+    )
     chosen, reason = select_backend(q, k, cu_seqlens, window, backend, key_mask)
     _log_choice_once(chosen, reason)
     if chosen == "reference":
-        return sink_attention_ref(q, k, v, sinks, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, window=window,
-                                  scale=scale, key_mask=key_mask)
+        return sink_attention_ref(
+            q, k, v, sinks, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, window=window, scale=scale, key_mask=key_mask
+        )
     if chosen == "chunked":
         scale = _check_tuning(DEFAULT_Q_CHUNK, None, scale, q.shape[-1])
         if backend == "auto" and fused_cpu_supports(q, k, cu_seqlens, window, key_mask) is None:
             # full causal layers: torch's fused CPU flash kernel + sink rescale, SDPA's memory (fused_cpu.py)
             return sink_attention_fused_cpu(q, k, v, sinks, scale=scale)
         layout = ("packed", info.bounds) if info is not None else ("batched", q.shape[1], k.shape[1])
-        return _run_chunked(q, k, v, sinks, layout, cu_seqlens, window, scale, key_mask, DEFAULT_Q_CHUNK, None,
-                            False)
+        return _run_chunked(q, k, v, sinks, layout, cu_seqlens, window, scale, key_mask, DEFAULT_Q_CHUNK, None, False)
     if chosen == "fa4":
         longest = None if info is None else max_seqlen or info.longest
-        return sink_attention_fa4(q, k, v, sinks, cu_seqlens=cu_seqlens, max_seqlen=longest, window=window,
-                                  scale=scale)
+        return sink_attention_fa4(q, k, v, sinks, cu_seqlens=cu_seqlens, max_seqlen=longest, window=window, scale=scale)
     return _run_triton(q, k, v, sinks, cu_seqlens, info, max_seqlen, window, scale)

@@ -238,8 +238,20 @@ class ChunkedSinkAttention(torch.autograd.Function):
         for r0, r1, tiles in ctx.plan:
             q_c = _chunk_rows(q, r0, r1, hkv, dtype, ctx.scale)
             do_c = _chunk_rows(grad_out, r0, r1, hkv, dtype)
-            dq_c = _backward_chunk(q_c, do_c, kh, vh, lse_h[:, :, r0:r1], delta_h[:, :, r0:r1], lo[r0:r1],
-                                   hi[r0:r1], tiles, key_valid, dk_h, dv_h)
+            dq_c = _backward_chunk(
+                q_c,
+                do_c,
+                kh,
+                vh,
+                lse_h[:, :, r0:r1],
+                delta_h[:, :, r0:r1],
+                lo[r0:r1],
+                hi[r0:r1],
+                tiles,
+                key_valid,
+                dk_h,
+                dv_h,
+            )
             dq[r0:r1] = dq_c.view(hkv, group, r1 - r0, dim).permute(2, 0, 1, 3)
         dq = dq.view(nq, hq, dim).mul_(ctx.scale).to(q.dtype)
         dk = dk_h.permute(1, 0, 2).to(k.dtype)
@@ -255,14 +267,27 @@ def _check_tuning(q_chunk, key_chunk, scale, head_dim):
     for name, value in (("q_chunk", q_chunk), ("key_chunk", key_chunk)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
             raise ValueError(f"{name} must be a positive int, got {value!r}")
-    scale = head_dim ** -0.5 if scale is None else scale
+    scale = head_dim**-0.5 if scale is None else scale
     if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not scale > 0:
         raise ValueError(f"scale must be a positive number (default head_dim ** -0.5), got {scale!r}")
     return float(scale)
 
 
-def sink_attention_chunked(q, k, v, sinks, *, cu_seqlens=None, max_seqlen=None, window=None, scale=None,
-                           key_mask=None, return_lse=False, q_chunk=DEFAULT_Q_CHUNK, key_chunk=None):
+def sink_attention_chunked(
+    q,
+    k,
+    v,
+    sinks,
+    *,
+    cu_seqlens=None,
+    max_seqlen=None,
+    window=None,
+    scale=None,
+    key_mask=None,
+    return_lse=False,
+    q_chunk=DEFAULT_Q_CHUNK,
+    key_chunk=None,
+):
     """Chunked sink attention (see the module docstring for the math); differentiable in q, k, v, sinks.
 
     Layouts as ``sink_attention_ref``: batched ``q: [B, Tq, Hq, D]``, ``k, v: [B, Tk, Hkv, D]`` with
@@ -273,12 +298,12 @@ def sink_attention_chunked(q, k, v, sinks, *, cu_seqlens=None, max_seqlen=None, 
     Returns ``o`` like ``q`` (and with ``return_lse`` the sink-inclusive lse ``[B, Tq, Hq]`` or
     ``[total, Hq]`` in float32, float64 for float64 inputs; ``-inf`` for a row with no key and no sink).
     """
-    info = check_sink_attention_inputs(q, k, v, sinks, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
-                                       window=window, key_mask=key_mask)
+    info = check_sink_attention_inputs(
+        q, k, v, sinks, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, window=window, key_mask=key_mask
+    )
     scale = _check_tuning(q_chunk, key_chunk, scale, q.shape[-1])
     layout = ("packed", info.bounds) if info is not None else ("batched", q.shape[1], k.shape[1])
-    return _run_chunked(q, k, v, sinks, layout, cu_seqlens, window, scale, key_mask, q_chunk, key_chunk,
-                        return_lse)
+    return _run_chunked(q, k, v, sinks, layout, cu_seqlens, window, scale, key_mask, q_chunk, key_chunk, return_lse)
 
 
 def _run_chunked(q, k, v, sinks, layout, cu_seqlens, window, scale, key_mask, q_chunk, key_chunk, return_lse):
@@ -292,8 +317,8 @@ def _run_chunked(q, k, v, sinks, layout, cu_seqlens, window, scale, key_mask, q_
     lo, hi = key_intervals(q.shape, k.shape, cu_seqlens, window, q.device)
     key_valid = None if key_mask is None else key_mask.reshape(-1)
     out, lse = ChunkedSinkAttention.apply(
-        q.reshape(-1, hq, dim), k.reshape(-1, hkv, dim), v.reshape(-1, hkv, dim), sinks, lo, hi, key_valid,
-        plan, scale)
+        q.reshape(-1, hq, dim), k.reshape(-1, hkv, dim), v.reshape(-1, hkv, dim), sinks, lo, hi, key_valid, plan, scale
+    )
     out, lse = out.view(q.shape), lse.view(q.shape[:-1])
     return (out, lse) if return_lse else out
 
@@ -323,8 +348,9 @@ def row_intervals(lo, hi, device) -> RowIntervals:
     return RowIntervals(lo, hi, as_tensor(lo), as_tensor(hi))
 
 
-def sink_attention_intervals(q, k, v, sinks, intervals: RowIntervals, *, scale=None, q_chunk=DEFAULT_Q_CHUNK,
-                             key_chunk=None):
+def sink_attention_intervals(
+    q, k, v, sinks, intervals: RowIntervals, *, scale=None, q_chunk=DEFAULT_Q_CHUNK, key_chunk=None
+):
     """Sink attention of arbitrary query rows over key intervals (what padded rows of a batch need).
 
     ``q: [Nq, Hq, D]``, ``k, v: [Nk, Hkv, D]``; query row r attends to keys ``lo[r] .. hi[r]`` of

@@ -56,6 +56,14 @@ def sink_attention_fa4(q, k, v, sinks, *, cu_seqlens=None, max_seqlen=None, wind
     if cu_seqlens is None:
         out = flash_attn_func(q, k, v, **common)
     else:
-        out = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
-                                     max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen, **common)
+        out = flash_attn_varlen_func(
+            q,
+            k,
+            v,
+            cu_seqlens_q=cu_seqlens,
+            cu_seqlens_k=cu_seqlens,
+            max_seqlen_q=max_seqlen,
+            max_seqlen_k=max_seqlen,
+            **common,
+        )
     return out[0] if isinstance(out, tuple) else out

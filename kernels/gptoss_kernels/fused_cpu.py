@@ -65,8 +65,9 @@ class FusedCpuSinkAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, sinks, out, lse = ctx.saved_tensors
         do = grad_out.transpose(1, 2)
-        dq, dk, dv = _FLASH_CPU_BACKWARD(do, *(t.transpose(1, 2) for t in (q, k, v)), out, lse, 0.0, True,
-                                         scale=ctx.scale)
+        dq, dk, dv = _FLASH_CPU_BACKWARD(
+            do, *(t.transpose(1, 2) for t in (q, k, v)), out, lse, 0.0, True, scale=ctx.scale
+        )
         dsinks = None
         if ctx.needs_input_grad[3]:
             delta = _row_dots(do, out).to(lse.dtype)  # D_i = dO_i . o'_i   [B, Hq, T]

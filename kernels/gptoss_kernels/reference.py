@@ -47,8 +47,9 @@ def _attend_one(q, k, v, sinks, window, scale, key_valid=None):
     return out, lse.transpose(0, 1)  # [Tq, Hq, D], [Tq, Hq]
 
 
-def sink_attention_ref(q, k, v, sinks, *, cu_seqlens=None, max_seqlen=None, window=None, scale=None,
-                       key_mask=None, return_lse=False):
+def sink_attention_ref(
+    q, k, v, sinks, *, cu_seqlens=None, max_seqlen=None, window=None, scale=None, key_mask=None, return_lse=False
+):
     """Reference sink attention.
 
     Layouts: batched ``q: [B, Tq, Hq, D]``, ``k, v: [B, Tk, Hkv, D]`` with ``Tk >= Tq`` (queries are the
@@ -59,14 +60,17 @@ def sink_attention_ref(q, k, v, sinks, *, cu_seqlens=None, max_seqlen=None, wind
     Returns ``o`` shaped like ``q`` (in q's dtype), and with ``return_lse`` also ``lse`` in float32/64:
     ``[B, Tq, Hq]`` or ``[total, Hq]``; lse includes the sink.
     """
-    check_sink_attention_inputs(q, k, v, sinks, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, window=window,
-                                key_mask=key_mask)
+    check_sink_attention_inputs(
+        q, k, v, sinks, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, window=window, key_mask=key_mask
+    )
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     qc, kc, vc, sc = (t.to(compute) for t in (q, k, v, sinks))
     if cu_seqlens is None:
-        pieces = [_attend_one(qc[b], kc[b], vc[b], sc, window, scale, None if key_mask is None else key_mask[b])
-                  for b in range(q.shape[0])]
+        pieces = [
+            _attend_one(qc[b], kc[b], vc[b], sc, window, scale, None if key_mask is None else key_mask[b])
+            for b in range(q.shape[0])
+        ]
         out = torch.stack([p[0] for p in pieces]) if pieces else qc.new_empty(q.shape)
         lse = torch.stack([p[1] for p in pieces]) if pieces else qc.new_empty(q.shape[:-1])
     else:
@@ -76,6 +80,7 @@ def sink_attention_ref(q, k, v, sinks, *, cu_seqlens=None, max_seqlen=None, wind
         for start, end in zip(bounds[:-1], bounds[1:]):
             if end > start:
                 out[start:end], lse[start:end] = _attend_one(
-                    qc[start:end], kc[start:end], vc[start:end], sc, window, scale)
+                    qc[start:end], kc[start:end], vc[start:end], sc, window, scale
+                )
     out = out.to(q.dtype)
     return (out, lse) if return_lse else out

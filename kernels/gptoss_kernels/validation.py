@@ -91,16 +91,19 @@ def _check_sinks(sinks, hq, device):
         got = getattr(sinks, "shape", None)
         raise ValueError(f"sinks must have shape ({hq},) (one logit per query head), got {got}")
     if not sinks.is_floating_point():
-        raise ValueError(f"sinks has dtype {sinks.dtype}; sink logits must be a floating-point tensor "
-                         "(use sinks.float())")
+        raise ValueError(
+            f"sinks has dtype {sinks.dtype}; sink logits must be a floating-point tensor (use sinks.float())"
+        )
     if sinks.device != device:
         raise ValueError(f"sinks is on {sinks.device} but q is on {device}")
 
 
 def _check_key_mask(key_mask, k):
     if not isinstance(key_mask, torch.Tensor) or key_mask.dtype != torch.bool:
-        raise ValueError(f"key_mask must be a bool tensor [B, Tk] (True = valid key), got "
-                         f"{getattr(key_mask, 'dtype', type(key_mask))}")
+        raise ValueError(
+            f"key_mask must be a bool tensor [B, Tk] (True = valid key), got "
+            f"{getattr(key_mask, 'dtype', type(key_mask))}"
+        )
     if key_mask.shape != k.shape[:2]:
         raise ValueError(f"key_mask must have shape [B, Tk] = {tuple(k.shape[:2])}, got {tuple(key_mask.shape)}")
     if key_mask.device != k.device:
@@ -113,8 +116,10 @@ def check_window(window):
     if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
         raise ValueError(f"window must be a positive int (the last W tokens including self) or None, got {window!r}")
     if window > INT32_MAX:
-        raise ValueError(f"window={window} does not fit int32; a window at least as long as the sequence is "
-                         "full causal attention: pass window=None")
+        raise ValueError(
+            f"window={window} does not fit int32; a window at least as long as the sequence is "
+            "full causal attention: pass window=None"
+        )
 
 
 def check_scale(scale):
@@ -124,8 +129,9 @@ def check_scale(scale):
         raise ValueError(f"scale must be a positive finite number (default head_dim ** -0.5), got {scale!r}")
 
 
-def check_sink_attention_inputs(q, k, v, sinks, *, cu_seqlens=None, max_seqlen=None, window=None, key_mask=None,
-                                scale=None):
+def check_sink_attention_inputs(
+    q, k, v, sinks, *, cu_seqlens=None, max_seqlen=None, window=None, key_mask=None, scale=None
+):
     """Raise ``ValueError`` naming what to change when the tensors do not fit the sink-attention contract.
 
     Returns the ``CuSeqlensInfo`` of a packed layout (None for batched) so callers need not read it again.
@@ -139,7 +145,8 @@ def check_sink_attention_inputs(q, k, v, sinks, *, cu_seqlens=None, max_seqlen=N
     if rank == 4:
         if k.shape[0] != q.shape[0] or k.shape[1] < q.shape[1]:
             raise ValueError(
-                f"k/v must have q's batch size and at least q's length: q {tuple(q.shape)}, k {tuple(k.shape)}")
+                f"k/v must have q's batch size and at least q's length: q {tuple(q.shape)}, k {tuple(k.shape)}"
+            )
         if key_mask is not None:
             _check_key_mask(key_mask, k)
         return None
@@ -150,10 +157,13 @@ def check_sink_attention_inputs(q, k, v, sinks, *, cu_seqlens=None, max_seqlen=N
     if cu_seqlens.device != q.device:
         raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but q is on {q.device}; move it to q's device")
     info = cu_seqlens_info(cu_seqlens, q.shape[0])
-    if max_seqlen is not None and (not isinstance(max_seqlen, int) or isinstance(max_seqlen, bool)
-                                   or max_seqlen < info.longest):
-        raise ValueError(f"max_seqlen must be an int >= the longest document in cu_seqlens ({info.longest}), "
-                         f"got {max_seqlen!r}; pass None to have it computed")
+    if max_seqlen is not None and (
+        not isinstance(max_seqlen, int) or isinstance(max_seqlen, bool) or max_seqlen < info.longest
+    ):
+        raise ValueError(
+            f"max_seqlen must be an int >= the longest document in cu_seqlens ({info.longest}), "
+            f"got {max_seqlen!r}; pass None to have it computed"
+        )
     return info
 
 
@@ -169,12 +179,16 @@ def check_cross_lengths(q, k, v, sinks, cu_seqlens, max_seqlen, cu_seqlens_k, ma
     info_q = cu_seqlens_info(cu_seqlens, q.shape[0])
     info_k = cu_seqlens_info(cu_seqlens_k, k.shape[0])
     if len(info_q.bounds) != len(info_k.bounds):
-        raise ValueError(f"cu_seqlens and cu_seqlens_k must describe the same number of documents, got "
-                         f"{len(info_q.bounds) - 1} and {len(info_k.bounds) - 1}")
+        raise ValueError(
+            f"cu_seqlens and cu_seqlens_k must describe the same number of documents, got "
+            f"{len(info_q.bounds) - 1} and {len(info_k.bounds) - 1}"
+        )
     pairs = zip(zip(info_q.bounds, info_q.bounds[1:]), zip(info_k.bounds, info_k.bounds[1:]))
     if any(qb - qa > kb - ka for (qa, qb), (ka, kb) in pairs):
-        raise ValueError("every document needs at least as many keys as queries (queries are its last "
-                         "positions): cu_seqlens_k lengths must be >= cu_seqlens lengths")
+        raise ValueError(
+            "every document needs at least as many keys as queries (queries are its last "
+            "positions): cu_seqlens_k lengths must be >= cu_seqlens lengths"
+        )
     for name, value, info in (("max_seqlen", max_seqlen, info_q), ("max_seqlen_k", max_seqlen_k, info_k)):
         if value is None or value < info.longest:
             raise ValueError(f"{name} must be an int >= the longest document ({info.longest}), got {value!r}")

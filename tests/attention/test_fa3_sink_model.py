@@ -42,7 +42,7 @@ def _assert_close_grads(got, want, what):
 def _padding_mask(side):
     mask = torch.ones(2, SEQ, dtype=torch.long)
     if side == "right":
-        mask[1, SEQ - 23:] = 0
+        mask[1, SEQ - 23 :] = 0
     elif side == "left":
         mask[1, :23] = 0
     else:  # holes: generate() extends a right-padded mask with ones; users build masks of their own

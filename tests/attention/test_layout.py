@@ -27,9 +27,17 @@ from trl_gptoss.attention import interface as fa3_interface
 F64 = torch.float64
 
 
-@pytest.mark.parametrize("positions", [
-    [0, 1, 2, 5, 6, 0, 1], [0, 1, 2, 3], [3, 4, 0, 0, 1], [1, 1, 0, 1, 2], [0, 2, 4, 6],
-], ids=["gap-then-reset", "plain", "offset-start", "left-pad-generate", "stride-2"])
+@pytest.mark.parametrize(
+    "positions",
+    [
+        [0, 1, 2, 5, 6, 0, 1],
+        [0, 1, 2, 3],
+        [3, 4, 0, 0, 1],
+        [1, 1, 0, 1, 2],
+        [0, 2, 4, 6],
+    ],
+    ids=["gap-then-reset", "plain", "offset-start", "left-pad-generate", "stride-2"],
+)
 def test_document_starts_is_transformers_packed_sequence_rule(positions):
     position_ids = torch.tensor([positions])
     ours = document_starts(position_ids).long().cumsum(-1) - 1
@@ -87,8 +95,15 @@ def _eager(leaves, mask2d, window, tq, tk, positions=None):
     """transformers' eager_mask (padding, causal, window; documents from positions) + GPT-OSS eager."""
     query, key, value, sinks = leaves
     mask_fn = causal_mask_function if window is None else sliding_window_causal_mask_function(window)
-    additive = eager_mask(batch_size=query.shape[0], q_length=tq, kv_length=tk, q_offset=tk - tq,
-                          mask_function=mask_fn, attention_mask=mask2d, dtype=F64)
+    additive = eager_mask(
+        batch_size=query.shape[0],
+        q_length=tq,
+        kv_length=tk,
+        q_offset=tk - tq,
+        mask_function=mask_fn,
+        attention_mask=mask2d,
+        dtype=F64,
+    )
     if positions is not None:  # documents, built with transformers' own packed-sequence ids
         docs = find_packed_sequence_indices(positions)
         additive = additive.masked_fill(docs[:, None, :, None] != docs[:, None, None, :], torch.finfo(F64).min)
@@ -120,8 +135,9 @@ def test_prefill_with_any_padding_mask_equals_eager(mask_id, window):
     """Every query row, padding rows included, equals eager: padding masks keys, not queries."""
     mask = torch.tensor(MASKS[mask_id], dtype=torch.bool)
     leaves = _leaves(2, 10, 10)
-    got, weights = fa3_sink_attention_forward(_module(leaves[3]), *leaves[:3], mask, scaling=0.25,
-                                              sliding_window=window, s_aux=leaves[3])
+    got, weights = fa3_sink_attention_forward(
+        _module(leaves[3]), *leaves[:3], mask, scaling=0.25, sliding_window=window, s_aux=leaves[3]
+    )
     assert weights is None
     _assert_same_with_grads(got, _eager(leaves, mask, window, 10, 10), leaves)
 
@@ -132,8 +148,9 @@ def test_decoding_with_any_padding_mask_equals_eager(mask_id, window):
     """Tq < Tk (KV cache): queries are the last Tq positions; the mask covers all Tk keys."""
     mask = torch.tensor(MASKS[mask_id], dtype=torch.bool)
     leaves = _leaves(2, 3, 10)
-    got, _ = fa3_sink_attention_forward(_module(leaves[3]), *leaves[:3], mask, scaling=0.25,
-                                        sliding_window=window, s_aux=leaves[3])
+    got, _ = fa3_sink_attention_forward(
+        _module(leaves[3]), *leaves[:3], mask, scaling=0.25, sliding_window=window, s_aux=leaves[3]
+    )
     _assert_same_with_grads(got, _eager(leaves, mask, window, 3, 10), leaves)
 
 
@@ -142,8 +159,15 @@ def test_packed_positions_with_a_gap_equal_eager_with_transformers_documents(win
     """``[0, 1, 2, 5, 6, 0, 1]`` -> documents [0,1,2], [5,6], [0,1] in fa3_sink and in eager."""
     positions = torch.tensor([[0, 1, 2, 5, 6, 0, 1]])
     leaves = _leaves(1, 7, 7)
-    got, _ = fa3_sink_attention_forward(_module(leaves[3]), *leaves[:3], None, scaling=0.25,
-                                        sliding_window=window, s_aux=leaves[3], position_ids=positions)
+    got, _ = fa3_sink_attention_forward(
+        _module(leaves[3]),
+        *leaves[:3],
+        None,
+        scaling=0.25,
+        sliding_window=window,
+        s_aux=leaves[3],
+        position_ids=positions,
+    )
     _assert_same_with_grads(got, _eager(leaves, None, window, 7, 7, positions), leaves)
 
 
@@ -153,12 +177,20 @@ def test_output_attentions_warns_and_returns_eager_weights(caplog, monkeypatch):
     leaves = _leaves(2, 10, 10)
     with caplog.at_level(logging.WARNING, logger=fa3_interface.__name__):
         for _ in range(2):
-            got, weights = fa3_sink_attention_forward(_module(leaves[3]), *leaves[:3], mask, scaling=0.25,
-                                                      sliding_window=3, s_aux=leaves[3], output_attentions=True)
+            got, weights = fa3_sink_attention_forward(
+                _module(leaves[3]),
+                *leaves[:3],
+                mask,
+                scaling=0.25,
+                sliding_window=3,
+                s_aux=leaves[3],
+                output_attentions=True,
+            )
     assert sum("output_attentions=True" in r.getMessage() for r in caplog.records) == 1
     mask_fn = sliding_window_causal_mask_function(3)
-    additive = eager_mask(batch_size=2, q_length=10, kv_length=10, mask_function=mask_fn, attention_mask=mask,
-                          dtype=F64)
+    additive = eager_mask(
+        batch_size=2, q_length=10, kv_length=10, mask_function=mask_fn, attention_mask=mask, dtype=F64
+    )
     want, want_weights = eager_attention_forward(_module(leaves[3]), *leaves[:3], additive, scaling=0.25)
     torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
     torch.testing.assert_close(weights, want_weights, atol=1e-12, rtol=0)
@@ -168,8 +200,9 @@ def test_output_attentions_warns_and_returns_eager_weights(caplog, monkeypatch):
 def test_no_sinks_is_plain_causal_attention(window):
     """s_aux=None must equal torch SDPA (no sink at all), not a zero sink."""
     query, key, value = (t.detach().float() for t in _leaves(2, 9, 9)[:3])
-    out, weights = fa3_sink_attention_forward(_module(None), query, key, value, None, scaling=0.25,
-                                              sliding_window=window, s_aux=None)
+    out, weights = fa3_sink_attention_forward(
+        _module(None), query, key, value, None, scaling=0.25, sliding_window=window, s_aux=None
+    )
     pos = torch.arange(9)
     allowed = (pos[None, :] <= pos[:, None]) & ((pos[None, :] > pos[:, None] - window) if window else True)
     want = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=0.25, enable_gqa=True)
@@ -177,13 +210,19 @@ def test_no_sinks_is_plain_causal_attention(window):
     assert (out - want.transpose(1, 2)).abs().max().item() <= 1e-5
 
 
-@pytest.mark.parametrize("call, match", [
-    (dict(attention_mask=torch.zeros(1, 1, 5, 5)), r"2-D keep-mask \[B=1, <= 5\] or None, got shape \(1, 1, 5, 5\)"),
-    (dict(attention_mask=torch.ones(2, 5, dtype=torch.bool)), r"got shape \(2, 5\)"),
-    (dict(attention_mask=torch.ones(1, 6, dtype=torch.bool)), r"got shape \(1, 6\)"),
-    (dict(dropout=0.1), "dropout"),
-    (dict(is_causal=False), "causal"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (
+            dict(attention_mask=torch.zeros(1, 1, 5, 5)),
+            r"2-D keep-mask \[B=1, <= 5\] or None, got shape \(1, 1, 5, 5\)",
+        ),
+        (dict(attention_mask=torch.ones(2, 5, dtype=torch.bool)), r"got shape \(2, 5\)"),
+        (dict(attention_mask=torch.ones(1, 6, dtype=torch.bool)), r"got shape \(1, 6\)"),
+        (dict(dropout=0.1), "dropout"),
+        (dict(is_causal=False), "causal"),
+    ],
+)
 def test_unsupported_calls_raise(call, match):
     query, key, value, sinks = _leaves(1, 5, 5)
     kwargs = dict(attention_mask=None, scaling=0.25, s_aux=sinks)

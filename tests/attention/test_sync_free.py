@@ -26,8 +26,11 @@ class _CountSyncs(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
-        if (name == "_local_scalar_dense" or name in _DATA_DEPENDENT
-                or (name == "repeat_interleave" and kwargs.get("output_size") is None and len(args) < 3)):
+        if (
+            name == "_local_scalar_dense"
+            or name in _DATA_DEPENDENT
+            or (name == "repeat_interleave" and kwargs.get("output_size") is None and len(args) < 3)
+        ):
             self.syncs.append(str(func))
         return func(*args, **kwargs)
 
@@ -58,16 +61,23 @@ def _layer_inputs(batch, seqlen, device="cpu", hq=4, hkv=2, dim=16, q_len=None):
 
 
 def _call(module, leaves, mask, kwargs, window):
-    out, _ = fa3_sink_attention_forward(module, *leaves[:3], mask, scaling=0.25, sliding_window=window,
-                                        s_aux=leaves[3], **kwargs)
+    out, _ = fa3_sink_attention_forward(
+        module, *leaves[:3], mask, scaling=0.25, sliding_window=window, s_aux=leaves[3], **kwargs
+    )
     out.sum().backward()
 
 
 CALLS = {
-    "packed-position_ids": (1, None, lambda d: dict(position_ids=torch.tensor([[0, 1, 2, 5, 6, 0, 1, 2, 3, 0]],
-                                                                              device=d))),
-    "trl-cu_seq_lens": (1, None, lambda d: dict(cu_seq_lens_q=torch.tensor([0, 4, 10], dtype=torch.int32, device=d),
-                                                max_length_q=6)),
+    "packed-position_ids": (
+        1,
+        None,
+        lambda d: dict(position_ids=torch.tensor([[0, 1, 2, 5, 6, 0, 1, 2, 3, 0]], device=d)),
+    ),
+    "trl-cu_seq_lens": (
+        1,
+        None,
+        lambda d: dict(cu_seq_lens_q=torch.tensor([0, 4, 10], dtype=torch.int32, device=d), max_length_q=6),
+    ),
     "right-and-left-padding": (2, [[1, 1, 1, 1, 1, 1, 1, 0, 0, 0], [0, 0, 1, 1, 1, 1, 1, 1, 1, 1]], lambda d: {}),
     "holes": (2, [[1, 1, 0, 0, 1, 1, 1, 1, 1, 1], [1, 0, 1, 1, 1, 1, 1, 1, 1, 0]], lambda d: {}),
     "decoding-3-of-10-with-padding": (2, [[0, 0, 1, 1, 1, 1, 1, 1, 1, 1], [1] * 10], lambda d: {}),

@@ -45,8 +45,16 @@ def _prompt(batch=2, length=SEQ, left_pad=0):
 
 def test_greedy_generate_dict_outputs_with_scores(models):
     ids, mask = _prompt(left_pad=5)
-    outs = _same_generation(models, ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
-                            return_dict_in_generate=True, output_scores=True, output_logits=True)
+    outs = _same_generation(
+        models,
+        ids,
+        attention_mask=mask,
+        max_new_tokens=8,
+        do_sample=False,
+        return_dict_in_generate=True,
+        output_scores=True,
+        output_logits=True,
+    )
     for eager_logits, fa3_logits in zip(outs["eager"].logits, outs["fa3_sink"].logits):
         assert (eager_logits - fa3_logits).abs().max().item() <= TOL
 
@@ -58,8 +66,9 @@ def test_sample_generate_with_seed(models):
 
 def test_beam_search_generate(models):
     ids, mask = _prompt(left_pad=4)
-    _same_generation(models, ids, attention_mask=mask, max_new_tokens=6, do_sample=False, num_beams=3,
-                     num_return_sequences=2)
+    _same_generation(
+        models, ids, attention_mask=mask, max_new_tokens=6, do_sample=False, num_beams=3, num_return_sequences=2
+    )
 
 
 def test_generate_from_inputs_embeds(models):
@@ -67,8 +76,9 @@ def test_generate_from_inputs_embeds(models):
     outputs = []
     for model in models.values():
         embeds = model.get_input_embeddings()(ids)
-        outputs.append(model.generate(inputs_embeds=embeds, attention_mask=mask, max_new_tokens=6, do_sample=False,
-                                      pad_token_id=0))
+        outputs.append(
+            model.generate(inputs_embeds=embeds, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        )
     assert torch.equal(*outputs)
 
 
@@ -77,11 +87,18 @@ def test_generate_continue_from_past_key_values(models):
     ids, mask = _prompt(left_pad=6)
     for name, model in models.items():
         full = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
-        first = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0,
-                               return_dict_in_generate=True)
+        first = model.generate(
+            ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0, return_dict_in_generate=True
+        )
         grown = torch.cat([mask, torch.ones(2, 4, dtype=mask.dtype)], dim=1)
-        rest = model.generate(first.sequences, attention_mask=grown, past_key_values=first.past_key_values,
-                              max_new_tokens=4, do_sample=False, pad_token_id=0)
+        rest = model.generate(
+            first.sequences,
+            attention_mask=grown,
+            past_key_values=first.past_key_values,
+            max_new_tokens=4,
+            do_sample=False,
+            pad_token_id=0,
+        )
         assert torch.equal(rest, full), name
 
 
@@ -94,7 +111,7 @@ def test_prompt_lookup_decoding_verifies_several_tokens_per_step(models):
 def test_right_padded_prompt_mask_grows_holes_during_generation(models):
     """A right-padded prompt: generate() appends ones, so the mask becomes ``[1, 1, 0, 0, 1, ...]``."""
     ids, mask = _prompt()
-    mask[1, SEQ - 9:] = 0
+    mask[1, SEQ - 9 :] = 0
     _same_generation(models, ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
 
 
@@ -117,7 +134,7 @@ def test_batching_equivalence(models):
     ids = torch.randint(1, 512, (3, SEQ))
     with torch.no_grad():
         batched = model(input_ids=ids).logits
-        alone = torch.cat([model(input_ids=ids[i:i + 1]).logits for i in range(3)])
+        alone = torch.cat([model(input_ids=ids[i : i + 1]).logits for i in range(3)])
     assert (batched - alone).abs().max().item() <= TOL
 
 
@@ -141,7 +158,7 @@ def test_sequence_classification_last_token_pooling():
         model = GptOssForSequenceClassification(config).eval()
         model.set_attn_implementation(name)
         ids = torch.randint(1, 512, (2, SEQ), generator=torch.Generator().manual_seed(1))
-        ids[1, SEQ - 11:] = 0
+        ids[1, SEQ - 11 :] = 0
         with torch.no_grad():
             logits.append(model(input_ids=ids, attention_mask=(ids != 0).long()).logits)
     assert (logits[0] - logits[1]).abs().max().item() <= TOL
@@ -168,6 +185,7 @@ def test_assisted_decoding_matches_greedy(models):
     ids, mask = _prompt(batch=1)
     assistant = tiny_gpt_oss(seed=9, attn_implementation=trl_gptoss.FA3_SINK).eval()
     greedy = models["eager"].generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
-    assisted = models["fa3_sink"].generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
-                                           pad_token_id=0, assistant_model=assistant)
+    assisted = models["fa3_sink"].generate(
+        ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0, assistant_model=assistant
+    )
     assert torch.equal(assisted, greedy)

@@ -32,9 +32,14 @@ def _without_special_strings(value):
 
 
 def _system_kwargs(system: SystemContent) -> dict:
-    return {"model_identity": system.model_identity, "reasoning_effort": system.reasoning_effort,
-            "knowledge_cutoff": system.knowledge_cutoff, "conversation_start_date": system.conversation_start_date,
-            "valid_channels": list(system.valid_channels), "channel_required": system.channel_required}
+    return {
+        "model_identity": system.model_identity,
+        "reasoning_effort": system.reasoning_effort,
+        "knowledge_cutoff": system.knowledge_cutoff,
+        "conversation_start_date": system.conversation_start_date,
+        "valid_channels": list(system.valid_channels),
+        "channel_required": system.channel_required,
+    }
 
 
 def _template_ids(tok, conversation, tools, **kwargs):
@@ -47,10 +52,22 @@ def test_corpus_matches_render_conversation(tok):
         case = random_conversation(seed)
         conversation = _without_special_strings(case["conversation"])
         for options in OPTIONS:
-            expected = render_conversation(conversation, tok, tools=case["tools"], system=case["system"],
-                                           python_tool=case["python_tool"], **options)
-            got = _template_ids(tok, conversation, case["tools"], python_tool=case["python_tool"],
-                                **_system_kwargs(case["system"]), **options)
+            expected = render_conversation(
+                conversation,
+                tok,
+                tools=case["tools"],
+                system=case["system"],
+                python_tool=case["python_tool"],
+                **options,
+            )
+            got = _template_ids(
+                tok,
+                conversation,
+                case["tools"],
+                python_tool=case["python_tool"],
+                **_system_kwargs(case["system"]),
+                **options,
+            )
             assert got == expected, f"seed {seed} {options}:\n{tok.decode(expected)!r}\n{tok.decode(got)!r}"
             checked += 1
     assert checked == N_CONVERSATIONS * len(OPTIONS)
@@ -59,16 +76,28 @@ def test_corpus_matches_render_conversation(tok):
 def test_defaults_openai_tools_and_tool_call_dicts(tok):
     """What TRL and HF users pass: OpenAI-style tools, assistant ``tool_calls`` with dict arguments, and a
     tool reply, with every system option left at its default."""
-    tool = {"type": "function", "function": {"name": "get_weather", "description": "Weather now.\nIn Celsius.",
-                                             "parameters": {"type": "object", "properties": {
-                                                 "city": {"type": "string", "description": "City name"}},
-                                                 "required": ["city"]}}}
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather now.\nIn Celsius.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "description": "City name"}},
+                "required": ["city"],
+            },
+        },
+    }
     conversation = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather in Zürich?"},
-        {"role": "assistant", "reasoning_content": "Need the tool.", "content": "Checking.",
-         "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich"}}}]},
-        {"role": "tool", "name": "get_weather", "content": "{\"temp\": 21}"},
+        {
+            "role": "assistant",
+            "reasoning_content": "Need the tool.",
+            "content": "Checking.",
+            "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich"}}}],
+        },
+        {"role": "tool", "name": "get_weather", "content": '{"temp": 21}'},
         {"role": "assistant", "content": "21 °C."},
     ]
     for options in OPTIONS:
@@ -81,6 +110,7 @@ def test_defaults_openai_tools_and_tool_call_dicts(tok):
 
 def test_python_callable_tool_through_transformers_schema(tok):
     """``tools=[function]``: transformers turns the typed, documented function into a JSON schema first."""
+
     def add(a: int, b: int) -> int:
         """Add two integers.
 
@@ -90,10 +120,18 @@ def test_python_callable_tool_through_transformers_schema(tok):
         """
         return a + b
 
-    schema = {"name": "add", "description": "Add two integers.", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer", "description": "first addend"},
-                                         "b": {"type": "integer", "description": "second addend"}},
-        "required": ["a", "b"]}}
+    schema = {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "a": {"type": "integer", "description": "first addend"},
+                "b": {"type": "integer", "description": "second addend"},
+            },
+            "required": ["a", "b"],
+        },
+    }
     conversation = [{"role": "user", "content": "2+3?"}]
     expected = render_conversation(conversation, tok, tools=[schema], add_generation_prompt=True)
     assert _template_ids(tok, conversation, [add], add_generation_prompt=True) == expected
@@ -126,8 +164,7 @@ def test_bad_messages_raise_clear_errors(tok):
     with pytest.raises(Exception, match="role in system, developer, user, assistant, tool"):
         tok.apply_chat_template([{"role": "robot", "content": "x"}], tokenize=False)
     with pytest.raises(Exception, match="non-empty 'name'"):
-        tok.apply_chat_template([{"role": "user", "content": "x"}], tools=[{"description": "no name"}],
-                                tokenize=False)
+        tok.apply_chat_template([{"role": "user", "content": "x"}], tools=[{"description": "no name"}], tokenize=False)
 
 
 @pytest.mark.parametrize("small", [False, True], ids=["o200k", "small"])
@@ -138,8 +175,20 @@ def test_template_is_saved_with_the_tokenizer(tmp_path, small):
     loaded = AutoTokenizer.from_pretrained(tmp_path)
     case = random_conversation(7)
     conversation = _without_special_strings(case["conversation"])
-    expected = render_conversation(conversation, tok, tools=case["tools"], system=case["system"],
-                                   python_tool=case["python_tool"], add_generation_prompt=True)
-    got = _template_ids(loaded, conversation, case["tools"], python_tool=case["python_tool"],
-                        add_generation_prompt=True, **_system_kwargs(case["system"]))
+    expected = render_conversation(
+        conversation,
+        tok,
+        tools=case["tools"],
+        system=case["system"],
+        python_tool=case["python_tool"],
+        add_generation_prompt=True,
+    )
+    got = _template_ids(
+        loaded,
+        conversation,
+        case["tools"],
+        python_tool=case["python_tool"],
+        add_generation_prompt=True,
+        **_system_kwargs(case["system"]),
+    )
     assert got == expected

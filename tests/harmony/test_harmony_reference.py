@@ -33,8 +33,14 @@ def _render_kwargs(case):
 
 def _as_tuple(oh_message):
     text = "".join(c.text for c in oh_message.content)
-    return (oh_message.author.role.value, oh_message.author.name, oh_message.recipient, oh_message.channel,
-            oh_message.content_type, text)
+    return (
+        oh_message.author.role.value,
+        oh_message.author.name,
+        oh_message.recipient,
+        oh_message.channel,
+        oh_message.content_type,
+        text,
+    )
 
 
 def _mine_as_tuple(message):
@@ -49,8 +55,10 @@ def test_special_token_ids_match_harmony(encoding, tokenizer):
         assert encoding.encode(name, allowed_special="all") == [token_id], name
 
 
-@pytest.mark.parametrize("text", ["hello world", "  spaces  ", "naïve 東京 😀", "x=1;\n\ty = [1,2]\r\n", "<|end|>",
-                                  "12345678901", "don't STOP", ""])
+@pytest.mark.parametrize(
+    "text",
+    ["hello world", "  spaces  ", "naïve 東京 😀", "x=1;\n\ty = [1,2]\r\n", "<|end|>", "12345678901", "don't STOP", ""],
+)
 def test_ordinary_text_encoding_matches_tiktoken(encoding, tokenizer, text):
     assert codec_for(tokenizer).encode_text(text) == encoding.encode(text, disallowed_special=())
 
@@ -64,12 +72,14 @@ def test_corpus_renders_identically(oh, encoding, tokenizer):
             config = oh.RenderConversationConfig(auto_drop_analysis=drop)
             expected = encoding.render_conversation(convo, config)
             mine = render_conversation(case["conversation"], tokenizer, drop_analysis=drop, **_render_kwargs(case))
-            assert mine == expected, f"seed {seed} drop={drop}:\n{encoding.decode_utf8(expected)!r}\n" \
-                                     f"{tokenizer.decode(mine)!r}"
+            assert mine == expected, (
+                f"seed {seed} drop={drop}:\n{encoding.decode_utf8(expected)!r}\n{tokenizer.decode(mine)!r}"
+            )
             checked += 1
         expected = encoding.render_conversation_for_training(convo)
-        assert render_conversation(case["conversation"], tokenizer, for_training=True,
-                                   **_render_kwargs(case)) == expected, f"seed {seed} for_training"
+        assert (
+            render_conversation(case["conversation"], tokenizer, for_training=True, **_render_kwargs(case)) == expected
+        ), f"seed {seed} for_training"
     assert checked == 2 * N_CONVERSATIONS
 
 
@@ -77,8 +87,10 @@ def test_generation_prompt_matches(oh, encoding, tokenizer):
     case = random_conversation(3)
     convo = oh.Conversation.from_messages(to_harmony_messages(oh, reference_messages(case)))
     expected = encoding.render_conversation_for_completion(convo, oh.Role.ASSISTANT)
-    assert render_conversation(case["conversation"], tokenizer, add_generation_prompt=True,
-                               **_render_kwargs(case)) == expected
+    assert (
+        render_conversation(case["conversation"], tokenizer, add_generation_prompt=True, **_render_kwargs(case))
+        == expected
+    )
 
 
 def test_corpus_parses_identically(oh, encoding, tokenizer):
@@ -91,13 +103,17 @@ def test_corpus_parses_identically(oh, encoding, tokenizer):
         assert [_mine_as_tuple(m) for m in parsed.messages] == expected, f"seed {seed}"
 
 
-@pytest.mark.parametrize("header", [
-    "<|channel|>commentary to=functions.get_weather <|constrain|>json",  # recipient after the channel
-    " to=functions.get_weather<|channel|>commentary <|constrain|>json",  # recipient before the channel
-    " to=functions.get_weather<|channel|>commentary json",  # HF template form, no <|constrain|>
-    "<|channel|>analysis to=python code",  # builtin python tool
-    "<|channel|>final",
-], ids=["to-after-channel", "to-before-channel", "json-no-constrain", "python", "final"])
+@pytest.mark.parametrize(
+    "header",
+    [
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json",  # recipient after the channel
+        " to=functions.get_weather<|channel|>commentary <|constrain|>json",  # recipient before the channel
+        " to=functions.get_weather<|channel|>commentary json",  # HF template form, no <|constrain|>
+        "<|channel|>analysis to=python code",  # builtin python tool
+        "<|channel|>final",
+    ],
+    ids=["to-after-channel", "to-before-channel", "json-no-constrain", "python", "final"],
+)
 def test_both_header_orders_parse_like_harmony(oh, encoding, tokenizer, header):
     ids = encoding.encode(header + '<|message|>{"location": "東京"}<|call|>', allowed_special="all")
     expected = [_as_tuple(m) for m in encoding.parse_messages_from_completion_tokens(ids, role=oh.Role.ASSISTANT)]
@@ -107,13 +123,16 @@ def test_both_header_orders_parse_like_harmony(oh, encoding, tokenizer, header):
         call = parsed.tool_calls[0]
         assert call.arguments == '{"location": "東京"}'
         assert call.parsed_arguments() == {"location": "東京"}
-        assert (call.namespace, call.name) == (("functions", "get_weather") if "functions" in header
-                                               else (None, "python"))
+        assert (call.namespace, call.name) == (
+            ("functions", "get_weather") if "functions" in header else (None, "python")
+        )
 
 
 def test_multi_message_completion(oh, encoding, tokenizer):
-    text = ("<|channel|>analysis<|message|>Need the tool.<|end|>"
-            "<|start|>assistant<|channel|>commentary to=functions.calc <|constrain|>json<|message|>{\"x\": 2}<|call|>")
+    text = (
+        "<|channel|>analysis<|message|>Need the tool.<|end|>"
+        '<|start|>assistant<|channel|>commentary to=functions.calc <|constrain|>json<|message|>{"x": 2}<|call|>'
+    )
     ids = encoding.encode(text, allowed_special="all")
     parsed = parse_completion(ids, tokenizer)
     expected = encoding.parse_messages_from_completion_tokens(ids, role=oh.Role.ASSISTANT)
@@ -123,4 +142,5 @@ def test_multi_message_completion(oh, encoding, tokenizer):
     (start0, end0), (start1, end1) = parsed.spans
     assert start0 == 0 and end0 == start1 and end1 == len(ids)
     assert ids[end0 - 1] == codec_for(tokenizer).special("<|end|>") and ids[start1] == codec_for(tokenizer).special(
-        "<|start|>")
+        "<|start|>"
+    )

@@ -13,8 +13,10 @@ from trl_gptoss.testing import harmony_tokenizer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
 
-QUESTION = ("A farmer has 17 sheep and buys 23 more, then sells a third of the flock. The rest are split evenly "
-            "between two fields, and one field later gets 5 extra sheep from a neighbour. ") * 3
+QUESTION = (
+    "A farmer has 17 sheep and buys 23 more, then sells a third of the flock. The rest are split evenly "
+    "between two fields, and one field later gets 5 extra sheep from a neighbour. "
+) * 3
 
 
 def _completion_logprobs(model, prompt, completions):
@@ -24,8 +26,8 @@ def _completion_logprobs(model, prompt, completions):
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     mask = torch.zeros(len(rows), width, dtype=torch.long)
     for i, row in enumerate(rows):
-        ids[i, :len(row)] = torch.tensor(row)
-        mask[i, :len(row)] = 1
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
     logps = torch.log_softmax(logits, dim=-1)
@@ -62,8 +64,10 @@ def test_fa3_sink_matches_vllm_and_sinkless_does_not(vllm_tiny_server, tiny_chec
             layer.self_attn.sinks.fill_(float("-inf"))  # exp(-inf) = 0: the sink leaves the denominator
     sinkless_diff = _max_abs_diff(_completion_logprobs(model, prompt, completions), engine)
 
-    print(f"\nmax|dlogp| vs vLLM over {sum(map(len, completions))} tokens: fa3_sink {fa3_sink_diff:.2e}, "
-          f"eager {eager_diff:.2e}, sink-less {sinkless_diff:.3f}")
+    print(
+        f"\nmax|dlogp| vs vLLM over {sum(map(len, completions))} tokens: fa3_sink {fa3_sink_diff:.2e}, "
+        f"eager {eager_diff:.2e}, sink-less {sinkless_diff:.3f}"
+    )
     assert fa3_sink_diff <= 1e-4
     assert eager_diff <= 1e-4
     assert sinkless_diff >= 0.1

@@ -42,15 +42,19 @@ CASES = {
     "decode-b3-tq1-tk33-h8kv1-full": Case(batch=3, tq=1, tk=33, hq=8, hkv=1),
     "only-sink-s30-b1-t40-w3": Case(tq=40, tk=40, window=3, sink=30.0),
     "no-sink-b2-t45-full": Case(batch=2, tq=45, tk=45, sink=float("-inf")),
-    "default-chunks-b1-t300-w100": Case(tq=300, tk=300, window=100, q_chunk=chunked.DEFAULT_Q_CHUNK,
-                                        key_chunk=None),
+    "default-chunks-b1-t300-w100": Case(tq=300, tk=300, window=100, q_chunk=chunked.DEFAULT_Q_CHUNK, key_chunk=None),
     "holes-b3-t70-h4kv2-full": Case(batch=3, tq=70, tk=70, holes="mixed"),
     "holes-b3-t70-h8kv2-w11": Case(batch=3, tq=70, tk=70, hq=8, window=11, holes="mixed"),
     "holes-decode-b3-tq6-tk50-w9": Case(batch=3, tq=6, tk=50, window=9, holes="mixed"),
     "holes-no-sink-b3-t40-w5": Case(batch=3, tq=40, tk=40, window=5, sink=float("-inf"), holes="mixed"),
 }
-LOWP_CASES = ["b2-t113-h4kv2-full", "b1-t203-h8kv1-w1", "varlen-1,0,37,64,5-h4kv2-w9",
-              "decode-b2-tq5-tk40-h4kv2-w7", "holes-b3-t70-h8kv2-w11"]
+LOWP_CASES = [
+    "b2-t113-h4kv2-full",
+    "b1-t203-h8kv1-w1",
+    "varlen-1,0,37,64,5-h4kv2-w9",
+    "decode-b2-tq5-tk40-h4kv2-w7",
+    "holes-b3-t70-h8kv2-w11",
+]
 
 
 def _key_mask(case):
@@ -69,6 +73,7 @@ def _key_mask(case):
 @pytest.fixture(autouse=True)
 def _nan_outputs(monkeypatch):
     """Unwritten output rows must show up as NaN, not as whatever memory held."""
+
     def nan_buffer(*shape, dtype, device):
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
@@ -110,25 +115,30 @@ def _eager_lowp(q, k, v, sinks, cu_seqlens=None, window=None, key_mask=None):
     """The same math in the input dtype: transformers' GPT-OSS eager, per document when packed."""
     if cu_seqlens is not None:
         bounds = cu_seqlens.tolist()
-        pieces = [_eager_lowp(q[None, a:b], k[None, a:b], v[None, a:b], sinks, window=window)[0]
-                  for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        pieces = [
+            _eager_lowp(q[None, a:b], k[None, a:b], v[None, a:b], sinks, window=window)[0]
+            for a, b in zip(bounds[:-1], bounds[1:])
+            if b > a
+        ]
         return torch.cat(pieces)
     tq, tk = q.shape[1], k.shape[1]
     q_pos, k_pos = torch.arange(tk - tq, tk)[:, None], torch.arange(tk)[None, :]
     allowed = (k_pos <= q_pos) & (k_pos > q_pos - window if window else True)
     allowed = allowed[None] if key_mask is None else allowed[None] & key_mask[:, None, :]
     mask = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill(~allowed, torch.finfo(q.dtype).min)
-    module = type("M", (), dict(sinks=sinks.to(q.dtype), num_key_value_groups=q.shape[2] // k.shape[2],
-                                training=False))
-    out, _ = eager_attention_forward(module, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                     mask[:, None], scaling=q.shape[-1] ** -0.5)
+    module = type("M", (), dict(sinks=sinks.to(q.dtype), num_key_value_groups=q.shape[2] // k.shape[2], training=False))
+    out, _ = eager_attention_forward(
+        module, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask[:, None], scaling=q.shape[-1] ** -0.5
+    )
     return out
 
 
 def _report(name, got, ref):
     diff = (got - ref).abs()
-    return f"{name}: max|diff|={diff.max().item():.3e} mean|diff|={diff.mean().item():.3e} " \
-           f"max|ref|={ref.abs().max().item():.3e}"
+    return (
+        f"{name}: max|diff|={diff.max().item():.3e} mean|diff|={diff.mean().item():.3e} "
+        f"max|ref|={ref.abs().max().item():.3e}"
+    )
 
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
@@ -136,8 +146,15 @@ def test_chunked_fp32_matches_float64_reference(case):
     leaves, cu_seqlens, grad_out = _make_inputs(case)
     kwargs = _kwargs(case, cu_seqlens)
     ref = _run(sink_attention_ref, leaves, grad_out, F64, **kwargs)
-    got = _run(sink_attention_chunked, leaves, grad_out, torch.float32, q_chunk=case.q_chunk,
-               key_chunk=case.key_chunk, **kwargs)
+    got = _run(
+        sink_attention_chunked,
+        leaves,
+        grad_out,
+        torch.float32,
+        q_chunk=case.q_chunk,
+        key_chunk=case.key_chunk,
+        **kwargs,
+    )
     for name, g, r in zip(NAMES, got, ref):
         assert torch.isfinite(g).all(), f"{name} has non-finite entries"
         tol = 1e-5 * max(r.abs().max().item(), 1.0)
@@ -149,8 +166,7 @@ def test_chunked_float64_is_exact(case):
     leaves, cu_seqlens, grad_out = _make_inputs(case)
     kwargs = _kwargs(case, cu_seqlens)
     ref = _run(sink_attention_ref, leaves, grad_out, F64, **kwargs)
-    got = _run(sink_attention_chunked, leaves, grad_out, F64, q_chunk=case.q_chunk, key_chunk=case.key_chunk,
-               **kwargs)
+    got = _run(sink_attention_chunked, leaves, grad_out, F64, q_chunk=case.q_chunk, key_chunk=case.key_chunk, **kwargs)
     for name, g, r in zip(NAMES, got, ref):
         assert (g - r).abs().max().item() <= 1e-10 * max(r.abs().max().item(), 1.0), _report(name, g, r)
 
@@ -165,8 +181,9 @@ def test_chunked_low_precision_within_twice_torch_error(case_id, dtype):
     kwargs = _kwargs(case, cu_seqlens)
     ref = _run(sink_attention_ref, leaves, grad_out, F64, **kwargs)
     torch_lowp = _run(_eager_lowp, leaves, grad_out, dtype, **kwargs)
-    got = _run(sink_attention_chunked, leaves, grad_out, dtype, q_chunk=case.q_chunk,
-               key_chunk=case.key_chunk, **kwargs)
+    got = _run(
+        sink_attention_chunked, leaves, grad_out, dtype, q_chunk=case.q_chunk, key_chunk=case.key_chunk, **kwargs
+    )
     for name, g, t, r in zip(NAMES, got, torch_lowp, ref):
         bound = 2 * (t - r).abs().max().item() + 1e-3 * max(r.abs().max().item(), 1.0)
         assert (g - r).abs().max().item() <= bound, f"{_report(name, g, r)}; torch {dtype} {_report(name, t, r)}"
@@ -175,8 +192,9 @@ def test_chunked_low_precision_within_twice_torch_error(case_id, dtype):
 def test_lse_includes_the_sink_and_matches_reference():
     case = CASES["varlen-1,0,37,64,5-h4kv2-w9"]
     (q, k, v, sinks), cu_seqlens, _ = _make_inputs(case)
-    _, lse = sink_attention_chunked(q, k, v, sinks, cu_seqlens=cu_seqlens, window=9, return_lse=True,
-                                    q_chunk=16, key_chunk=24)
+    _, lse = sink_attention_chunked(
+        q, k, v, sinks, cu_seqlens=cu_seqlens, window=9, return_lse=True, q_chunk=16, key_chunk=24
+    )
     _, lse_ref = sink_attention_ref(q, k, v, sinks, cu_seqlens=cu_seqlens, window=9, return_lse=True)
     assert (lse - lse_ref).abs().max().item() <= 1e-12
     assert (lse >= sinks).all(), "lse must be at least the sink logit"
@@ -193,12 +211,15 @@ def test_sinks_without_grad_and_empty_input():
     assert torch.isfinite(q.grad).all()
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(q_chunk=0), "q_chunk"),
-    (dict(key_chunk=-3), "key_chunk"),
-    (dict(scale=-1.0), "scale"),
-    (dict(scale="0.1"), "scale"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(q_chunk=0), "q_chunk"),
+        (dict(key_chunk=-3), "key_chunk"),
+        (dict(scale=-1.0), "scale"),
+        (dict(scale="0.1"), "scale"),
+    ],
+)
 def test_chunked_rejects_bad_tuning_arguments(kwargs, match):
     q, kv = torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 8)
     with pytest.raises(ValueError, match=match):
@@ -222,8 +243,12 @@ class _LargestTensor(TorchDispatchMode):
 def test_no_tensor_grows_with_t_squared():
     """Forward + backward at T=1024 never creates anything larger than q or one score tile (O(T * chunk))."""
     seqlen, hq, hkv, dim, q_chunk, key_chunk = 1024, 4, 2, 16, 64, 128
-    leaves = [torch.randn(1, seqlen, hq, dim), torch.randn(1, seqlen, hkv, dim), torch.randn(1, seqlen, hkv, dim),
-              torch.randn(hq)]
+    leaves = [
+        torch.randn(1, seqlen, hq, dim),
+        torch.randn(1, seqlen, hkv, dim),
+        torch.randn(1, seqlen, hkv, dim),
+        torch.randn(hq),
+    ]
     leaves = [t.requires_grad_() for t in leaves]
     with _LargestTensor() as largest:
         out = sink_attention_chunked(*leaves, q_chunk=q_chunk, key_chunk=key_chunk)
@@ -244,13 +269,21 @@ def test_intervals_entry_equals_reference_rows():
     for r in range(5):
         keys = torch.arange(12)
         mask = ((keys >= lo[r]) & (keys <= hi[r]))[None]
-        want.append(sink_attention_ref(leaves[0][r][None, None], leaves[1][None], leaves[2][None], leaves[3],
-                                       key_mask=mask.expand(1, 12) & torch.ones(1, 12, dtype=torch.bool))[0, 0])
+        want.append(
+            sink_attention_ref(
+                leaves[0][r][None, None],
+                leaves[1][None],
+                leaves[2][None],
+                leaves[3],
+                key_mask=mask.expand(1, 12) & torch.ones(1, 12, dtype=torch.bool),
+            )[0, 0]
+        )
     want = torch.stack(want)
     # the reference's queries sit at the last key position; every key is before it, so only lo/hi limit them
     grad_out = torch.randn_like(want)
-    for name, g, w in zip(NAMES, (got, *torch.autograd.grad(got, leaves, grad_out)),
-                          (want, *torch.autograd.grad(want, leaves, grad_out))):
+    for name, g, w in zip(
+        NAMES, (got, *torch.autograd.grad(got, leaves, grad_out)), (want, *torch.autograd.grad(want, leaves, grad_out))
+    ):
         assert (g - w).abs().max().item() <= 1e-12, _report(name, g, w)
     assert (got[3] == 0).all()
     with pytest.raises(ValueError, match="non-decreasing"):
@@ -263,8 +296,12 @@ def test_intervals_entry_equals_reference_rows():
 def test_key_mask_path_stays_memory_bounded():
     """A key-validity mask adds a [C, key_chunk] tile mask, never a [T, T] one."""
     seqlen, hq, hkv, dim, q_chunk, key_chunk = 1024, 4, 2, 16, 64, 128
-    leaves = [torch.randn(2, seqlen, hq, dim), torch.randn(2, seqlen, hkv, dim), torch.randn(2, seqlen, hkv, dim),
-              torch.randn(hq)]
+    leaves = [
+        torch.randn(2, seqlen, hq, dim),
+        torch.randn(2, seqlen, hkv, dim),
+        torch.randn(2, seqlen, hkv, dim),
+        torch.randn(hq),
+    ]
     leaves = [t.requires_grad_() for t in leaves]
     key_mask = torch.rand(2, seqlen) > 0.3
     with _LargestTensor() as largest:

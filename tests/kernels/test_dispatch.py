@@ -11,8 +11,12 @@ from gptoss_kernels import attention, select_backend, sink_attention, sink_atten
 
 
 def _qkv(batch=1, tq=6, tk=6, hq=4, hkv=2, dim=8, dtype=torch.float32):
-    return (torch.randn(batch, tq, hq, dim, dtype=dtype), torch.randn(batch, tk, hkv, dim, dtype=dtype),
-            torch.randn(batch, tk, hkv, dim, dtype=dtype), torch.randn(hq))
+    return (
+        torch.randn(batch, tq, hq, dim, dtype=dtype),
+        torch.randn(batch, tk, hkv, dim, dtype=dtype),
+        torch.randn(batch, tk, hkv, dim, dtype=dtype),
+        torch.randn(hq),
+    )
 
 
 def test_auto_on_cpu_is_chunked_and_logged_once(caplog, monkeypatch):
@@ -34,11 +38,14 @@ def test_backends_agree_on_decode_layout(backend):
     assert (got.double() - want).abs().max().item() <= 1e-5
 
 
-@pytest.mark.parametrize("backend, match", [
-    ("flash", "backend must be one of"),
-    ("triton", "not on CUDA"),
-    ("fa4", "flash-attn-4"),
-])
+@pytest.mark.parametrize(
+    "backend, match",
+    [
+        ("flash", "backend must be one of"),
+        ("triton", "not on CUDA"),
+        ("fa4", "flash-attn-4"),
+    ],
+)
 def test_unavailable_or_unknown_backend_raises(backend, match, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     q, k, v, sinks = _qkv()
@@ -91,8 +98,10 @@ BAD_INPUTS = {
     "window-overflows-int32": (_bad(window=2**31), "window=2147483648 does not fit int32"),
     "sinks-int64": (_bad(sinks=torch.zeros(4, dtype=torch.int64)), "sinks has dtype torch.int64"),
     "sinks-bool": (_bad(sinks=torch.zeros(4, dtype=torch.bool)), "sinks has dtype torch.bool"),
-    "head-dim-0": (_bad(q=torch.randn(1, 6, 4, 0), k=torch.randn(1, 6, 2, 0), v=torch.randn(1, 6, 2, 0)),
-                   "head_dim is 0"),
+    "head-dim-0": (
+        _bad(q=torch.randn(1, 6, 4, 0), k=torch.randn(1, 6, 2, 0), v=torch.randn(1, 6, 2, 0)),
+        "head_dim is 0",
+    ),
     "key-mask-not-bool": (_bad(key_mask=torch.ones(1, 6)), "key_mask must be a bool"),
     "scale-negative": (_bad(scale=-0.5), "scale must be a positive"),
     "scale-nan": (_bad(scale=float("nan")), "scale must be a positive"),
@@ -119,8 +128,11 @@ BAD_CU_SEQLENS = {
 
 
 @pytest.mark.parametrize("cu_seqlens, match", BAD_CU_SEQLENS.values(), ids=BAD_CU_SEQLENS.keys())
-@pytest.mark.parametrize("fn", [sink_attention, gptoss_kernels.sink_attention_chunked, sink_attention_ref],
-                         ids=["public", "chunked", "reference"])
+@pytest.mark.parametrize(
+    "fn",
+    [sink_attention, gptoss_kernels.sink_attention_chunked, sink_attention_ref],
+    ids=["public", "chunked", "reference"],
+)
 def test_bad_cu_seqlens_raises_value_error(fn, cu_seqlens, match):
     q, kv = torch.randn(6, 4, 8), torch.randn(6, 2, 8)
     with pytest.raises(ValueError, match=match):
@@ -128,8 +140,11 @@ def test_bad_cu_seqlens_raises_value_error(fn, cu_seqlens, match):
 
 
 @pytest.mark.parametrize("max_seqlen", [2, 3.5, True, -1], ids=["shorter-than-longest", "float", "bool", "negative"])
-@pytest.mark.parametrize("fn", [sink_attention, gptoss_kernels.sink_attention_chunked, sink_attention_ref],
-                         ids=["public", "chunked", "reference"])
+@pytest.mark.parametrize(
+    "fn",
+    [sink_attention, gptoss_kernels.sink_attention_chunked, sink_attention_ref],
+    ids=["public", "chunked", "reference"],
+)
 def test_max_seqlen_inconsistent_with_cu_seqlens_raises(fn, max_seqlen):
     q, kv = torch.randn(6, 4, 8), torch.randn(6, 2, 8)
     cu_seqlens = torch.tensor([0, 2, 6], dtype=torch.int32)
@@ -140,8 +155,14 @@ def test_max_seqlen_inconsistent_with_cu_seqlens_raises(fn, max_seqlen):
 def test_key_mask_is_refused_for_the_packed_layout():
     q, kv = torch.randn(6, 4, 8), torch.randn(6, 2, 8)
     with pytest.raises(ValueError, match="key_mask is for the batched layout"):
-        sink_attention(q, kv, kv, torch.zeros(4), cu_seqlens=torch.tensor([0, 6], dtype=torch.int32),
-                       key_mask=torch.ones(1, 6, dtype=torch.bool))
+        sink_attention(
+            q,
+            kv,
+            kv,
+            torch.zeros(4),
+            cu_seqlens=torch.tensor([0, 6], dtype=torch.int32),
+            key_mask=torch.ones(1, 6, dtype=torch.bool),
+        )
 
 
 def test_cu_seqlens_are_read_back_once_and_rechecked_after_a_write():

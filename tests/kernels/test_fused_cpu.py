@@ -44,13 +44,17 @@ def test_fused_cpu_matches_float64_reference(case, dtype):
         assert diff <= rel * max(w.abs().max().item(), 1.0), f"{name}: max|diff|={diff:.3e}"
 
 
-@pytest.mark.parametrize("kwargs, fused", [
-    (dict(), True),
-    (dict(window=500), True),  # at least as long as the sequence: the same attention
-    (dict(window=7), False),
-    (dict(key_mask=torch.ones(1, 20, dtype=torch.bool)), False),
-    (dict(backend="chunked"), False),  # forcing the tile path keeps it
-], ids=["full", "window-ge-T", "window", "key-mask", "forced-chunked"])
+@pytest.mark.parametrize(
+    "kwargs, fused",
+    [
+        (dict(), True),
+        (dict(window=500), True),  # at least as long as the sequence: the same attention
+        (dict(window=7), False),
+        (dict(key_mask=torch.ones(1, 20, dtype=torch.bool)), False),
+        (dict(backend="chunked"), False),  # forcing the tile path keeps it
+    ],
+    ids=["full", "window-ge-T", "window", "key-mask", "forced-chunked"],
+)
 def test_auto_takes_the_fused_path_only_for_full_causal(monkeypatch, kwargs, fused):
     calls = []
     original = fused_cpu.FusedCpuSinkAttention.apply

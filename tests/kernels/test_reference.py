@@ -27,8 +27,9 @@ def _eager(q, k, v, sinks, window):
     module = SimpleNamespace(sinks=sinks, num_key_value_groups=hq // hkv, training=False)
     mask = torch.zeros(q.shape[1], k.shape[1], dtype=q.dtype)
     mask = mask.masked_fill(~_allowed(q.shape[1], k.shape[1], window), float("-inf"))
-    out, _ = eager_attention_forward(module, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                     mask[None, None], scaling=q.shape[-1] ** -0.5)
+    out, _ = eager_attention_forward(
+        module, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask[None, None], scaling=q.shape[-1] ** -0.5
+    )
     return out
 
 

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.timeout(300)
 
 CPU_OK = launchers.INTERPRETED or torch.cuda.is_available()
 needs_kernel_device = pytest.mark.skipif(
-    not CPU_OK, reason="no CUDA, and gptoss_kernels.triton was imported before TRITON_INTERPRET=1 was set")
+    not CPU_OK, reason="no CUDA, and gptoss_kernels.triton was imported before TRITON_INTERPRET=1 was set"
+)
 NAMES = ("o", "dq", "dk", "dv", "dsinks")
 
 
@@ -54,8 +55,9 @@ CASES = {
     "varlen-0-1-win5-gqa8": Case((1, 0, 50, 7), 8, 1, window=5),
     "scale0.3-win16": Case((45,), 2, 1, window=16, scale=0.3),
     "sink30-only-sink-matters": Case((3, 21), 2, 1, window=4, sink_low=30.0, sink_high=30.0),
-    "sink-minus-inf-is-plain-attention": Case((1, 26), 2, 1, window=6, blocks=(16, 32),
-                                              sink_low=float("-inf"), sink_high=float("-inf")),
+    "sink-minus-inf-is-plain-attention": Case(
+        (1, 26), 2, 1, window=6, blocks=(16, 32), sink_low=float("-inf"), sink_high=float("-inf")
+    ),
     # head_dim that is not a power of two: tiles of the next power of two, zero-padded inside the kernels
     "d24-T45-win11-gqa2": Case((45,), 4, 2, d=24, window=11),
     "d80-varlen-full-gqa4": Case((19, 0, 33), 4, 1, d=80, blocks=(16, 32)),
@@ -107,14 +109,23 @@ def _reference64(case, q, k, v, sinks, do):
 
 def _triton(case, q, k, v, sinks, do):
     cu = _cu_seqlens(case.lens, q.device)
-    fn = lambda q, k, v, s: sink_attention_triton(q, k, v, s, cu_seqlens=cu, max_seqlen=max(case.lens),
-                                                  window=case.window, scale=case.scale, block_sizes=case.blocks)
+    fn = lambda q, k, v, s: sink_attention_triton(
+        q,
+        k,
+        v,
+        s,
+        cu_seqlens=cu,
+        max_seqlen=max(case.lens),
+        window=case.window,
+        scale=case.scale,
+        block_sizes=case.blocks,
+    )
     return _grads(fn, q, k, v, sinks, do)
 
 
 def _torch_lowp(case, q, k, v, sinks, do):
     """The same math as transformers' GPT-OSS eager, every op in the low dtype (the tolerance yardstick)."""
-    scale = case.d ** -0.5 if case.scale is None else case.scale
+    scale = case.d**-0.5 if case.scale is None else case.scale
 
     def attend(q, k, v, s):
         pieces, bounds = [], _cu_seqlens(case.lens).tolist()
@@ -140,8 +151,9 @@ def _torch_lowp(case, q, k, v, sinks, do):
 def _assert_close(name, actual, ref, tol):
     err = (actual.double() - ref).abs()
     assert not torch.isnan(actual).any(), f"{name}: NaN (an output element the kernel never wrote?)"
-    assert err.max() <= tol, (f"{name}: max|diff| {err.max():.3e} (mean {err.mean():.3e}) > tol {tol:.3e}; "
-                              f"max|ref| {ref.abs().max():.3e}")
+    assert err.max() <= tol, (
+        f"{name}: max|diff| {err.max():.3e} (mean {err.mean():.3e}) > tol {tol:.3e}; max|ref| {ref.abs().max():.3e}"
+    )
 
 
 @needs_kernel_device
@@ -163,10 +175,18 @@ def test_lse_includes_the_sink(case):
     q, k, v, sinks, _ = _inputs(case, torch.float32)
     sinks = sinks.float()
     cu = _cu_seqlens(case.lens)
-    scale = case.d ** -0.5 if case.scale is None else case.scale
+    scale = case.d**-0.5 if case.scale is None else case.scale
     o, lse = launchers.sink_attention_fwd(q, k, v, sinks, cu, max(case.lens), case.window, scale, case.blocks)
-    o_ref, lse_ref = sink_attention_ref(q.double(), k.double(), v.double(), sinks.double(), cu_seqlens=cu,
-                                        window=case.window, scale=case.scale, return_lse=True)
+    o_ref, lse_ref = sink_attention_ref(
+        q.double(),
+        k.double(),
+        v.double(),
+        sinks.double(),
+        cu_seqlens=cu,
+        window=case.window,
+        scale=case.scale,
+        return_lse=True,
+    )
     _assert_close("lse", lse, lse_ref, 1e-5 * max(lse_ref.abs().max().item(), 1.0))
     _assert_close("o (launcher)", o, o_ref, 1e-5 * max(o_ref.abs().max().item(), 1.0))
     if case.sink_low >= 30:  # every key is negligible next to exp(30): lse = sink, o ~ 0
@@ -180,8 +200,13 @@ def _dsinks_from_output(case, q, k, v, sinks, do, o):
     inherits the forward's error in O. Fed with the low-precision PyTorch output, this is the kernel's own
     dsinks formula run in PyTorch: the yardstick for dsinks (O's own error is checked separately).
     """
-    _, lse = sink_attention_ref(*(t.double() for t in (q, k, v, sinks)), cu_seqlens=_cu_seqlens(case.lens, q.device),
-                                window=case.window, scale=case.scale, return_lse=True)
+    _, lse = sink_attention_ref(
+        *(t.double() for t in (q, k, v, sinks)),
+        cu_seqlens=_cu_seqlens(case.lens, q.device),
+        window=case.window,
+        scale=case.scale,
+        return_lse=True,
+    )
     delta = (do.double() * o.double()).sum(-1)
     return -(torch.exp(sinks.double() - lse) * delta).sum(0)
 
@@ -247,21 +272,39 @@ def test_bf16_cast_rounds_to_nearest_even_like_the_gpu():
 
 
 def _valid_args(**overrides):
-    args = dict(q=torch.randn(10, 4, 16), k=torch.randn(10, 2, 16), v=torch.randn(10, 2, 16),
-                sinks=torch.zeros(4), cu_seqlens=torch.tensor([0, 4, 10], dtype=torch.int32), max_seqlen=6)
+    args = dict(
+        q=torch.randn(10, 4, 16),
+        k=torch.randn(10, 2, 16),
+        v=torch.randn(10, 2, 16),
+        sinks=torch.zeros(4),
+        cu_seqlens=torch.tensor([0, 4, 10], dtype=torch.int32),
+        max_seqlen=6,
+    )
     args.update(overrides)
     return args
 
 
 BAD_INPUTS = {
-    "float64": (dict(q=torch.randn(10, 4, 16, dtype=torch.float64), k=torch.randn(10, 2, 16, dtype=torch.float64),
-                     v=torch.randn(10, 2, 16, dtype=torch.float64)), "takes fp16/bf16/fp32"),
-    "head-dim-256": (dict(q=torch.randn(10, 4, 256), k=torch.randn(10, 2, 256), v=torch.randn(10, 2, 256)),
-                     "head_dim <= 128"),
-    "cu-seqlens-k-shorter-than-queries": (dict(cu_seqlens_k=torch.tensor([0, 3, 10], dtype=torch.int32),
-                                               max_seqlen_k=7), "at least as many keys as queries"),
-    "cu-seqlens-k-other-doc-count": (dict(cu_seqlens_k=torch.tensor([0, 10], dtype=torch.int32), max_seqlen_k=10),
-                                     "same number of documents"),
+    "float64": (
+        dict(
+            q=torch.randn(10, 4, 16, dtype=torch.float64),
+            k=torch.randn(10, 2, 16, dtype=torch.float64),
+            v=torch.randn(10, 2, 16, dtype=torch.float64),
+        ),
+        "takes fp16/bf16/fp32",
+    ),
+    "head-dim-256": (
+        dict(q=torch.randn(10, 4, 256), k=torch.randn(10, 2, 256), v=torch.randn(10, 2, 256)),
+        "head_dim <= 128",
+    ),
+    "cu-seqlens-k-shorter-than-queries": (
+        dict(cu_seqlens_k=torch.tensor([0, 3, 10], dtype=torch.int32), max_seqlen_k=7),
+        "at least as many keys as queries",
+    ),
+    "cu-seqlens-k-other-doc-count": (
+        dict(cu_seqlens_k=torch.tensor([0, 10], dtype=torch.int32), max_seqlen_k=10),
+        "same number of documents",
+    ),
     "batched-layout": (dict(q=torch.randn(1, 10, 4, 16), cu_seqlens=None), "cu_seqlens"),
     "max-seqlen-too-small": (dict(max_seqlen=5), "max_seqlen"),
     "max-seqlen-float": (dict(max_seqlen=6.0), "max_seqlen"),
@@ -287,18 +330,22 @@ def test_bad_input_raises_value_error(overrides, message):
 
 def test_cpu_tensors_without_the_interpreter_raise_value_error():
     """Compiled (non-interpreted) kernels cannot take CPU tensors: say so instead of crashing in the driver."""
-    code = ("import torch; from gptoss_kernels.triton import sink_attention_triton as f; "
-            "cu = torch.tensor([0, 8], dtype=torch.int32); q = torch.randn(8, 2, 16)\n"
-            "try:\n    f(q, q, q, torch.zeros(2), cu_seqlens=cu, max_seqlen=8)\n"
-            "except ValueError as err:\n    print(err)")
+    code = (
+        "import torch; from gptoss_kernels.triton import sink_attention_triton as f; "
+        "cu = torch.tensor([0, 8], dtype=torch.int32); q = torch.randn(8, 2, 16)\n"
+        "try:\n    f(q, q, q, torch.zeros(2), cu_seqlens=cu, max_seqlen=8)\n"
+        "except ValueError as err:\n    print(err)"
+    )
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert "tensors are not on CUDA" in run.stdout, run.stdout + run.stderr[-2000:]
 
 
-AOT_TARGETS = {"sm90-bf16-window128": ["--arch", "90", "--dtype", "bf16", "--window", "128"],
-               "sm80-fp16-full": ["--arch", "80", "--dtype", "fp16"],
-               "sm90-bf16-d80-padded": ["--arch", "90", "--dtype", "bf16", "--head-dim", "80"]}
+AOT_TARGETS = {
+    "sm90-bf16-window128": ["--arch", "90", "--dtype", "bf16", "--window", "128"],
+    "sm80-fp16-full": ["--arch", "80", "--dtype", "fp16"],
+    "sm90-bf16-d80-padded": ["--arch", "90", "--dtype", "bf16", "--head-dim", "80"],
+}
 
 
 @pytest.mark.slow
@@ -307,8 +354,9 @@ def test_kernels_compile_to_cubin_for_cuda(args, tmp_path):
     """The interpreter accepts code the compiler rejects; lower all four kernels to a cubin (no GPU needed)."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
-    run = subprocess.run([sys.executable, "-m", "gptoss_kernels.triton.aot", *args], env=env,
-                         capture_output=True, text=True, timeout=240)
+    run = subprocess.run(
+        [sys.executable, "-m", "gptoss_kernels.triton.aot", *args], env=env, capture_output=True, text=True, timeout=240
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     records = json.loads(run.stdout.strip().splitlines()[-1])
     assert len(records) == 4 and all(r["has_cubin"] for r in records), records

@@ -11,9 +11,13 @@ import torch  # noqa: E402
 from gptoss_kernels import sink_attention, sink_attention_ref  # noqa: E402
 from gptoss_kernels.triton import launchers, sink_attention_triton  # noqa: E402
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(
-    not (launchers.INTERPRETED or torch.cuda.is_available()),
-    reason="no CUDA, and gptoss_kernels.triton was imported before TRITON_INTERPRET=1 was set")]
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(
+        not (launchers.INTERPRETED or torch.cuda.is_available()),
+        reason="no CUDA, and gptoss_kernels.triton was imported before TRITON_INTERPRET=1 was set",
+    ),
+]
 NAMES = ("o", "dq", "dk", "dv", "dsinks")
 
 
@@ -51,14 +55,25 @@ def test_fewer_queries_than_keys_matches_float64_reference(case):
 
     def reference(q, k, v, s):  # one batched (Tq <= Tk) problem per document
         pieces = []
-        for (qa, qb), (ka, kb) in zip(zip(cu_q[:-1].tolist(), cu_q[1:].tolist()),
-                                      zip(cu_k[:-1].tolist(), cu_k[1:].tolist())):
+        for (qa, qb), (ka, kb) in zip(
+            zip(cu_q[:-1].tolist(), cu_q[1:].tolist()), zip(cu_k[:-1].tolist(), cu_k[1:].tolist())
+        ):
             pieces.append(sink_attention_ref(q[None, qa:qb], k[None, ka:kb], v[None, ka:kb], s, window=window)[0])
         return torch.cat(pieces)
 
     def triton(q, k, v, s):
-        return sink_attention_triton(q, k, v, s, cu_seqlens=cu_q, max_seqlen=max(lens_q), window=window,
-                                     block_sizes=blocks, cu_seqlens_k=cu_k, max_seqlen_k=max(lens_k))
+        return sink_attention_triton(
+            q,
+            k,
+            v,
+            s,
+            cu_seqlens=cu_q,
+            max_seqlen=max(lens_q),
+            window=window,
+            block_sizes=blocks,
+            cu_seqlens_k=cu_k,
+            max_seqlen_k=max(lens_k),
+        )
 
     want = _run(reference, (q, k, v, sinks), grad_out)
     got = _run(triton, [t.float() for t in (q, k, v)] + [sinks.float()], grad_out.float())

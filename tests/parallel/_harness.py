@@ -28,8 +28,13 @@ def _entry(worker, rank, world_size, run_dir, args):
     torch.set_num_threads(1)
     out = Path(run_dir)
     try:
-        dist.init_process_group("gloo", init_method=f"file://{out / 'rendezvous'}", rank=rank,
-                                world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{out / 'rendezvous'}",
+            rank=rank,
+            world_size=world_size,
+            timeout=COLLECTIVE_TIMEOUT,
+        )
         result = worker(rank, world_size, *args)
         (out / f"rank{rank}.json").write_text(json.dumps(result))
         dist.destroy_process_group()
@@ -43,8 +48,9 @@ def launch(worker, world_size: int, run_dir: Path, *args, timeout: float = 300.0
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_entry, args=(worker, rank, world_size, str(run_dir), args))
-             for rank in range(world_size)]
+    procs = [
+        ctx.Process(target=_entry, args=(worker, rank, world_size, str(run_dir), args)) for rank in range(world_size)
+    ]
     for proc in procs:
         proc.start()
     deadline = time.monotonic() + timeout

@@ -35,8 +35,8 @@ def make_batch(seed: int):
     for row in range(ROWS):
         prompt = int(torch.randint(6, PROMPT_SLOTS + 1, (1,), generator=gen))
         completion = int(torch.randint(15, COMPLETION_SLOTS + 1, (1,), generator=gen))
-        attention_mask[row, PROMPT_SLOTS - prompt:PROMPT_SLOTS + completion] = 1
-        completion_mask[row, PROMPT_SLOTS:PROMPT_SLOTS + completion] = 1
+        attention_mask[row, PROMPT_SLOTS - prompt : PROMPT_SLOTS + completion] = 1
+        completion_mask[row, PROMPT_SLOTS : PROMPT_SLOTS + completion] = 1
     advantages = torch.randn(ROWS, generator=gen)
     return ids, attention_mask, completion_mask, advantages
 
@@ -102,8 +102,14 @@ def wrap(model, how, rank, world):
         return fully_shard(model, mesh=mesh), None
     if how == "accelerate":
         # accelerate adopts the gloo group the harness initialised; these variables make it see MULTI_CPU
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                          LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
+        os.environ.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(world),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT="0",
+        )
         from accelerate import Accelerator
 
         accelerator = Accelerator(cpu=True)
@@ -180,7 +186,7 @@ def run_scenario(rank, world, scenario):
     keep = max(0, min(logits.shape[0], valid - start))
     report = {
         "loss": _max_diff(result.loss, ref_losses[rank]),
-        "logits": _max_diff(logits[:keep], ref_logits[leader][start:start + keep]),
+        "logits": _max_diff(logits[:keep], ref_logits[leader][start : start + keep]),
         **{f"grad_{kind}": diff for kind, diff in grad_diffs.items()},
         "score": max(_max_diff(logps, ref_logps[rank]) for logps in scored),
         "ref_sinks_grad": max(float(g.abs().max()) for n, g in ref_grads.items() if n.endswith("sinks")),
@@ -206,15 +212,19 @@ def bad_input_worker(rank, world):
     model = build_model(torch.float32)
     report = {
         "sp_not_dividing_world": _error_of(
-            lambda: prepare_context_parallel(None, model, ContextParallelPlugin(sp_size=world + 1))),
-        "sp_not_dividing_heads": _error_of(lambda: prepare_context_parallel(
-            None, tiny_gpt_oss(num_attention_heads=3, num_key_value_heads=1),
-            ContextParallelPlugin(sp_size=2))),
+            lambda: prepare_context_parallel(None, model, ContextParallelPlugin(sp_size=world + 1))
+        ),
+        "sp_not_dividing_heads": _error_of(
+            lambda: prepare_context_parallel(
+                None, tiny_gpt_oss(num_attention_heads=3, num_key_value_heads=1), ContextParallelPlugin(sp_size=2)
+            )
+        ),
     }
     runner = prepare_context_parallel(None, DistributedDataParallel(model), ContextParallelPlugin(sp_size=world))
     length = 1 if rank == 0 else 40  # only rank 0's micro-batch is too short
     ids = torch.randint(0, 512, (1, length))
     report["sequence_shorter_than_sp"] = _error_of(
-        lambda: runner.forward_backward(ids, None, lambda logps: logps.sum()))
+        lambda: runner.forward_backward(ids, None, lambda logps: logps.sum())
+    )
     dist.barrier()  # reached by every rank only if none is stuck in a collective
     return report

@@ -34,8 +34,9 @@ def test_packed_mask_in_eager_equals_float64_varlen_reference(window):
     q, k, v = (torch.randn(total, h, dim, dtype=torch.float64) for h in (hq, hkv, hkv))
     sinks = torch.randn(hq, dtype=torch.float64)
     mask = additive_mask(positions, window, torch.float64)
-    out, _ = eager_attention_forward(_Heads(sinks, hq // hkv), *(t.transpose(0, 1)[None] for t in (q, k, v)),
-                                     mask, scaling=dim ** -0.5)
+    out, _ = eager_attention_forward(
+        _Heads(sinks, hq // hkv), *(t.transpose(0, 1)[None] for t in (q, k, v)), mask, scaling=dim**-0.5
+    )
     expected = sink_attention_ref(q, k, v, sinks, cu_seqlens=cu_seqlens(positions), window=window)
     torch.testing.assert_close(out[0], expected, atol=1e-13, rtol=0)
 
@@ -49,10 +50,13 @@ def test_unsharded_calls_bypass_the_wrapper():
     ids = torch.randint(0, 512, (2, 40))
     mask = torch.ones_like(ids)
     mask[1, :7] = 0
-    torch.testing.assert_close(wrapped(input_ids=ids, attention_mask=mask).logits,
-                               plain(input_ids=ids, attention_mask=mask).logits, atol=0, rtol=0)
-    generated = [m.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
-                 for m in (plain, wrapped)]
+    torch.testing.assert_close(
+        wrapped(input_ids=ids, attention_mask=mask).logits,
+        plain(input_ids=ids, attention_mask=mask).logits,
+        atol=0,
+        rtol=0,
+    )
+    generated = [m.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False) for m in (plain, wrapped)]
     assert torch.equal(*generated)
 
 
@@ -69,8 +73,9 @@ def test_sharded_forward_refuses_padding_masks_missing_positions_and_caches():
         model.model.layers[0].self_attn(model.model.embed_tokens(ids), (torch.ones(1, 8, 32),) * 2, None)
     query, cached_keys = torch.randn(1, 4, 8, 64), torch.randn(1, 2, 12, 64)
     with sharded_forward(single), pytest.raises(ValueError, match="use_cache=False"):
-        ulysses_attention_forward(model.model.layers[0].self_attn, query, cached_keys, cached_keys, None,
-                                  position_ids=torch.arange(8)[None])
+        ulysses_attention_forward(
+            model.model.layers[0].self_attn, query, cached_keys, cached_keys, None, position_ids=torch.arange(8)[None]
+        )
 
 
 @pytest.mark.parametrize("inner", ["eager", "fa3_sink"])
@@ -84,8 +89,7 @@ def test_owner_loop_at_sp1_matches_per_document_float64(inner):
     torch.testing.assert_close(result.loss, ref_losses[0], atol=1e-12, rtol=0)
     torch.testing.assert_close(runner.score(batch[0], batch[1]), ref_logps[0], atol=1e-12, rtol=0)
     for name, param in model.named_parameters():
-        torch.testing.assert_close(param.grad, ref_grads[name], atol=1e-12, rtol=0,
-                                   msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(param.grad, ref_grads[name], atol=1e-12, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
 
 
 class _Layer(torch.nn.Module):
@@ -111,14 +115,31 @@ def test_eager_and_fa3_sink_sp_paths_agree_on_where_documents_start(window):
     outputs = {}
     for inner in ("eager", "fa3_sink"):
         with sharded_forward(SequenceParallelGroup.single()):
-            outputs[inner], _ = ulysses_attention_forward(_Layer(inner, sinks, hq // hkv), query, key, value, None,
-                                                          scaling=dim ** -0.5, sliding_window=window, s_aux=sinks,
-                                                          position_ids=positions)
-    outputs["plain"], _ = fa3_sink_attention_forward(_Layer("fa3_sink", sinks, hq // hkv), query, key, value, None,
-                                                     scaling=dim ** -0.5, sliding_window=window, s_aux=sinks,
-                                                     position_ids=positions)
+            outputs[inner], _ = ulysses_attention_forward(
+                _Layer(inner, sinks, hq // hkv),
+                query,
+                key,
+                value,
+                None,
+                scaling=dim**-0.5,
+                sliding_window=window,
+                s_aux=sinks,
+                position_ids=positions,
+            )
+    outputs["plain"], _ = fa3_sink_attention_forward(
+        _Layer("fa3_sink", sinks, hq // hkv),
+        query,
+        key,
+        value,
+        None,
+        scaling=dim**-0.5,
+        sliding_window=window,
+        s_aux=sinks,
+        position_ids=positions,
+    )
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
-    expected = sink_attention_ref(q, k, v, sinks, cu_seqlens=torch.tensor([0, 3, 5, 7], dtype=torch.int32),
-                                  window=window)
+    expected = sink_attention_ref(
+        q, k, v, sinks, cu_seqlens=torch.tensor([0, 3, 5, 7], dtype=torch.int32), window=window
+    )
     for name, out in outputs.items():
         torch.testing.assert_close(out[0], expected, atol=1e-12, rtol=0, msg=lambda m, n=name: f"{n}: {m}")

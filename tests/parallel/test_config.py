@@ -20,11 +20,15 @@ def test_from_env_reads_prefixed_variables_and_keywords_win():
     assert ContextParallelPlugin.from_env(env, sp_size=2).sp_size == 2
 
 
-@pytest.mark.parametrize(("env", "match"), [
-    ({"TRL_GPTOSS_SP_SIZE": "two"}, "TRL_GPTOSS_SP_SIZE='two' must be an integer"),
-    ({"TRL_GPTOSS_SP_SIZE": "0"}, "sp_size must be a positive int"),
-    ({"TRL_GPTOSS_SP_INNER_ATTENTION": "sdpa"}, "cannot take per-head sinks"),
-], ids=["not-int", "zero", "sdpa"])
+@pytest.mark.parametrize(
+    ("env", "match"),
+    [
+        ({"TRL_GPTOSS_SP_SIZE": "two"}, "TRL_GPTOSS_SP_SIZE='two' must be an integer"),
+        ({"TRL_GPTOSS_SP_SIZE": "0"}, "sp_size must be a positive int"),
+        ({"TRL_GPTOSS_SP_INNER_ATTENTION": "sdpa"}, "cannot take per-head sinks"),
+    ],
+    ids=["not-int", "zero", "sdpa"],
+)
 def test_from_env_rejects_bad_values(env, match):
     with pytest.raises(ValueError, match=match):
         ContextParallelPlugin.from_env(env)
@@ -49,11 +53,15 @@ def test_sp_size_must_divide_world():
     ContextParallelPlugin(sp_size=3).check_world(6)
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "sp_size", "match"), [
-    (4, 2, 3, "must divide num_attention_heads=4"),
-    (6, 2, 4, "must divide num_attention_heads=6"),
-    (12, 3, 4, "num_key_value_heads=3 must divide one another"),
-], ids=["hq", "hq-odd", "hkv"])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "sp_size", "match"),
+    [
+        (4, 2, 3, "must divide num_attention_heads=4"),
+        (6, 2, 4, "must divide num_attention_heads=6"),
+        (12, 3, 4, "num_key_value_heads=3 must divide one another"),
+    ],
+    ids=["hq", "hq-odd", "hkv"],
+)
 def test_heads_must_split_over_sp(heads, kv_heads, sp_size, match):
     config = tiny_gpt_oss_config(num_attention_heads=heads, num_key_value_heads=kv_heads)
     with pytest.raises(ValueError, match=match):

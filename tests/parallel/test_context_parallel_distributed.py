@@ -30,8 +30,11 @@ def _failures(results, scenarios):
     for rank, per_rank in enumerate(results):
         for scenario in scenarios:
             report, tol = per_rank[scenario["id"]], TOLERANCE[scenario["dtype"]]
-            failures += [f"rank {rank} {scenario['id']}: {metric} max|diff| = {report[metric]:.3g} > {tol:g}"
-                         for metric in METRICS if not report[metric] <= tol]
+            failures += [
+                f"rank {rank} {scenario['id']}: {metric} max|diff| = {report[metric]:.3g} > {tol:g}"
+                for metric in METRICS
+                if not report[metric] <= tol
+            ]
     return failures
 
 
@@ -54,8 +57,7 @@ def test_sharded_step_matches_unsharded(tmp_path, world, scenarios):
 @pytest.mark.slow
 def test_negative_control_first_sinks_on_every_rank_is_caught(tmp_path):
     """Giving every rank the sinks of heads [0, Hq/sp) (the upstream bug family) must fail the comparison."""
-    scenarios = [_scenario(2, "ddp", "eager", wrong_sinks=True),
-                 _scenario(2, "fsdp2", "fa3_sink", wrong_sinks=True)]
+    scenarios = [_scenario(2, "ddp", "eager", wrong_sinks=True), _scenario(2, "fsdp2", "fa3_sink", wrong_sinks=True)]
     results = launch(equivalence_worker, 2, tmp_path, scenarios)
     for per_rank in results:
         for scenario in scenarios:

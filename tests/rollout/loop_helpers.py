@@ -8,15 +8,19 @@ from trl_gptoss.tools import Tool, ToolResult
 
 
 def ok_result(text: str) -> ToolResult:
-    return ToolResult(stdout=text, stderr="", exit_code=0, timed_out=False, truncated=False, wall_time=0.0,
-                      isolation="none")
+    return ToolResult(
+        stdout=text, stderr="", exit_code=0, timed_out=False, truncated=False, wall_time=0.0, isolation="none"
+    )
 
 
 class AddTool(Tool):
     name = "add"
     description = "Add two integers."
-    parameters = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                  "required": ["a", "b"]}
+    parameters = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"],
+    }
 
     def _invoke(self, arguments: dict) -> ToolResult:
         return ok_result(str(arguments["a"] + arguments["b"]))
@@ -39,23 +43,29 @@ def add_call(a: int, b: int, *, order: int = 1) -> str:
     """One assistant turn's text ending in a call to functions.add, in either Harmony header order."""
     body = f'{{"a": {a}, "b": {b}}}'
     if order == 1:
-        return f"<|channel|>commentary<|message|>Adding.<|end|><|start|>assistant to=functions.add" \
-               f"<|channel|>commentary <|constrain|>json<|message|>{body}<|call|>"
+        return (
+            f"<|channel|>commentary<|message|>Adding.<|end|><|start|>assistant to=functions.add"
+            f"<|channel|>commentary <|constrain|>json<|message|>{body}<|call|>"
+        )
     return f"<|channel|>commentary to=functions.add <|constrain|>json<|message|>{body}<|call|>"
 
 
 def final(text: str) -> str:
-    return f"<|channel|>analysis<|message|>Done thinking.<|end|><|start|>assistant<|channel|>final<|message|>" \
-           f"{text}<|return|>"
+    return (
+        f"<|channel|>analysis<|message|>Done thinking.<|end|><|start|>assistant<|channel|>final<|message|>"
+        f"{text}<|return|>"
+    )
 
 
-def scripted(tokenizer, conversations: list[tuple[list[dict], list[str]]], *, tools=(), python_tool=False,
-             **engine_kwargs) -> ScriptedEngine:
+def scripted(
+    tokenizer, conversations: list[tuple[list[dict], list[str]]], *, tools=(), python_tool=False, **engine_kwargs
+) -> ScriptedEngine:
     """An engine whose conversation ``i`` (prompt ``conversations[i][0]``) samples the turns ``[i][1]``."""
     functions = [t for t in tools if not (python_tool and t.name == "python")]
     scripts = {}
     for prompt, turns in conversations:
-        ids = render_conversation(prompt, tokenizer, tools=functions, python_tool=python_tool,
-                                  add_generation_prompt=True)
+        ids = render_conversation(
+            prompt, tokenizer, tools=functions, python_tool=python_tool, add_generation_prompt=True
+        )
         scripts[tuple(ids)] = [harmony_ids(tokenizer, turn) for turn in turns]
     return ScriptedEngine(tokenizer, scripts, **engine_kwargs)

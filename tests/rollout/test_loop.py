@@ -19,8 +19,7 @@ def tok():
 
 
 def _roundtrip(tok, prompt, rollout, **render_kwargs):
-    return render_conversation(prompt + rollout.messages, tok, for_training=True, drop_analysis=False,
-                               **render_kwargs)
+    return render_conversation(prompt + rollout.messages, tok, for_training=True, drop_analysis=False, **render_kwargs)
 
 
 def _inserted_runs(rollout):
@@ -41,13 +40,17 @@ def test_one_call_then_final_masks_logprobs_and_roundtrip(tok):
     (r,) = run_rollouts(engine, [prompt], tokenizer=tok, tools=[AddTool()])
     assert (r.stop_reason, r.final_answer, r.num_turns, r.num_tool_calls, r.num_tool_errors) == ("final", "5", 2, 1, 0)
     turn1, turn2 = harmony_ids(tok, add_call(2, 3)), harmony_ids(tok, final("5"))
-    reply = harmony_ids(tok, "<|start|>functions.add to=assistant<|channel|>commentary<|message|>5<|end|>"
-                             "<|start|>assistant")
+    reply = harmony_ids(
+        tok, "<|start|>functions.add to=assistant<|channel|>commentary<|message|>5<|end|><|start|>assistant"
+    )
     assert r.completion_ids == turn1 + reply + turn2  # sampled ids verbatim, only the reply inserted
     assert r.completion_mask == [1] * len(turn1) + [0] * len(reply) + [1] * len(turn2)
     start = len(r.prompt_ids)
-    expected_lp = [scripted_logprob(t, start + i) for i, t in enumerate(turn1)] + [0.0] * len(reply) + [
-        scripted_logprob(t, start + len(turn1) + len(reply) + i) for i, t in enumerate(turn2)]
+    expected_lp = (
+        [scripted_logprob(t, start + i) for i, t in enumerate(turn1)]
+        + [0.0] * len(reply)
+        + [scripted_logprob(t, start + len(turn1) + len(reply) + i) for i, t in enumerate(turn2)]
+    )
     assert r.logprobs == expected_lp
     assert [m.role for m in r.messages] == ["assistant", "assistant", "tool", "assistant", "assistant"]
     assert _roundtrip(tok, prompt, r, tools=[AddTool()]) == r.prompt_ids + r.completion_ids
@@ -81,21 +84,28 @@ def test_gpt_oss_header_order_channel_first(tok):
     call = r.messages[0]
     assert (call.recipient, call.channel, call.content_type) == ("functions.add", "commentary", "<|constrain|>json")
     assert r.messages[1].name == "functions.add" and r.messages[1].text == "2"
-    assert r.completion_ids[:len(harmony_ids(tok, turn1))] == harmony_ids(tok, turn1)
+    assert r.completion_ids[: len(harmony_ids(tok, turn1))] == harmony_ids(tok, turn1)
     # Re-rendering writes the recipient first: the ids differ, which is why training uses completion_ids.
     assert _roundtrip(tok, prompt, r, tools=[AddTool()]) != r.prompt_ids + r.completion_ids
 
 
-@pytest.mark.parametrize("turn,error", [
-    ('<|channel|>commentary to=functions.add <|constrain|>json<|message|>{"a": 1, "b": <|call|>',
-     "not valid JSON"),
-    ('<|channel|>commentary to=functions.add json<|message|>{"a": 1}<|call|>', "missing arguments ['b']"),
-    ('<|channel|>commentary to=functions.nope json<|message|>{}<|call|>',
-     "no tool named 'functions.nope'; available: functions.add, functions.broken"),
-    ("<|channel|>commentary to=functions.broken json<|message|>{}<|call|>",
-     "tool 'broken' failed: RuntimeError: disk on fire"),
-    ("<|channel|>analysis to=python code<|message|>print(1)<|call|>", "no tool named 'python'"),
-], ids=["bad-json", "missing-arg", "unknown-tool", "tool-raises", "python-not-offered"])
+@pytest.mark.parametrize(
+    "turn,error",
+    [
+        ('<|channel|>commentary to=functions.add <|constrain|>json<|message|>{"a": 1, "b": <|call|>', "not valid JSON"),
+        ('<|channel|>commentary to=functions.add json<|message|>{"a": 1}<|call|>', "missing arguments ['b']"),
+        (
+            "<|channel|>commentary to=functions.nope json<|message|>{}<|call|>",
+            "no tool named 'functions.nope'; available: functions.add, functions.broken",
+        ),
+        (
+            "<|channel|>commentary to=functions.broken json<|message|>{}<|call|>",
+            "tool 'broken' failed: RuntimeError: disk on fire",
+        ),
+        ("<|channel|>analysis to=python code<|message|>print(1)<|call|>", "no tool named 'python'"),
+    ],
+    ids=["bad-json", "missing-arg", "unknown-tool", "tool-raises", "python-not-offered"],
+)
 def test_bad_calls_become_error_replies_and_the_rollout_goes_on(tok, turn, error):
     tools = [AddTool(), BrokenTool()]
     prompt = user("Try it.")
@@ -107,11 +117,15 @@ def test_bad_calls_become_error_replies_and_the_rollout_goes_on(tok, turn, error
     assert len(engine.requests) == 2  # the model saw the error and answered
 
 
-@pytest.mark.parametrize("turn,detail", [
-    ("<|channel|>analysis<|message|>thinking<|call|>", "without a recipient"),
-    ("<|channel|>final extra words here<|message|>x<|return|>", "malformed_header"),
-    ("<|channel|>final<|message|>no stop token at all", None),
-], ids=["call-without-recipient", "malformed-final-header", "engine-eos-without-stop"])
+@pytest.mark.parametrize(
+    "turn,detail",
+    [
+        ("<|channel|>analysis<|message|>thinking<|call|>", "without a recipient"),
+        ("<|channel|>final extra words here<|message|>x<|return|>", "malformed_header"),
+        ("<|channel|>final<|message|>no stop token at all", None),
+    ],
+    ids=["call-without-recipient", "malformed-final-header", "engine-eos-without-stop"],
+)
 def test_unreadable_turns_stop_with_parse_error(tok, turn, detail):
     prompt = user("Hi")
     engine = scripted(tok, [(prompt, [turn])])
@@ -136,8 +150,9 @@ def test_completion_budget_counts_tool_tokens_and_each_turn_asks_for_what_is_lef
     turns = [add_call(1, 2), add_call(3, 4), final("a long answer " * 20)]
     engine = scripted(tok, [(prompt, turns)], tools=[AddTool()])
     budget = 130
-    (r,) = run_rollouts(engine, [prompt], tokenizer=tok, tools=[AddTool()],
-                        config=RolloutConfig(max_completion_tokens=budget))
+    (r,) = run_rollouts(
+        engine, [prompt], tokenizer=tok, tools=[AddTool()], config=RolloutConfig(max_completion_tokens=budget)
+    )
     assert r.stop_reason == "length" and len(r.completion_ids) == budget and r.num_tool_calls == 2
     asked = [q.max_new_tokens for q in engine.requests]
     prompt_len = len(r.prompt_ids)
@@ -158,8 +173,9 @@ def test_tool_reply_that_does_not_fit_ends_the_rollout(tok):
     prompt = user("Tight")
     engine = scripted(tok, [(prompt, [add_call(1, 2), final("3")])], tools=[AddTool()])
     turn1 = len(harmony_ids(tok, add_call(1, 2)))
-    (r,) = run_rollouts(engine, [prompt], tokenizer=tok, tools=[AddTool()],
-                        config=RolloutConfig(max_completion_tokens=turn1 + 5))
+    (r,) = run_rollouts(
+        engine, [prompt], tokenizer=tok, tools=[AddTool()], config=RolloutConfig(max_completion_tokens=turn1 + 5)
+    )
     assert (r.stop_reason, r.num_tool_calls, len(r.completion_ids)) == ("length", 1, turn1)
     assert all(r.completion_mask) and len(engine.requests) == 1
 
@@ -174,8 +190,9 @@ def test_prompt_longer_than_the_context_is_refused_before_any_generation(tok):
 
 def test_parallel_conversations_with_different_numbers_of_calls(tok):
     calls = [0, 3, 1, 5, 2, 0]
-    convs = [(user(f"Task {i}"), [add_call(i, k) for k in range(n)] + [final(f"answer {i}")])
-             for i, n in enumerate(calls)]
+    convs = [
+        (user(f"Task {i}"), [add_call(i, k) for k in range(n)] + [final(f"answer {i}")]) for i, n in enumerate(calls)
+    ]
     engine = scripted(tok, convs, tools=[AddTool()], delay_s=0.02)
     rollouts = run_rollouts(engine, [c[0] for c in convs], tokenizer=tok, tools=[AddTool()])
     assert engine.max_active == len(calls)  # every conversation had a request in flight at once
@@ -186,7 +203,7 @@ def test_parallel_conversations_with_different_numbers_of_calls(tok):
     # Per-conversation, per-turn seeds derived from the base seed.
     assert len({q.seed for q in engine.requests}) == len(engine.requests) == sum(calls) + len(calls)
     for i, r in enumerate(rollouts):
-        mine = [q for q in engine.requests if q.prompt_ids[:len(r.prompt_ids)] == r.prompt_ids]
+        mine = [q for q in engine.requests if q.prompt_ids[: len(r.prompt_ids)] == r.prompt_ids]
         assert [q.seed for q in mine] == [derive_seed(0, i, t) for t in range(r.num_turns)]
 
 
@@ -226,12 +243,20 @@ def test_messages_are_harmony_messages(tok):
     assert all(isinstance(m, Message) for m in r.messages)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(max_turns=0), "max_turns"), (dict(max_completion_tokens=0), "max_completion_tokens"),
-    (dict(temperature=0.0), "temperature"), (dict(top_p=0.0), "top_p"), (dict(top_k=0), "top_k"),
-    (dict(seed=-1), "seed"), (dict(max_concurrent_tools=0), "max_concurrent_tools"),
-    (dict(tool_output_max_chars=10), "tool_output_max_chars"), (dict(system="hi"), "SystemContent"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(max_turns=0), "max_turns"),
+        (dict(max_completion_tokens=0), "max_completion_tokens"),
+        (dict(temperature=0.0), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_k=0), "top_k"),
+        (dict(seed=-1), "seed"),
+        (dict(max_concurrent_tools=0), "max_concurrent_tools"),
+        (dict(tool_output_max_chars=10), "tool_output_max_chars"),
+        (dict(system="hi"), "SystemContent"),
+    ],
+)
 def test_config_rejects_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
         RolloutConfig(**kwargs)
@@ -253,10 +278,14 @@ def test_other_conversations_keep_generating_while_a_tool_runs(tok):
 
     tools = [AddTool(), WaitTool()]
     slow_prompt, busy_prompt = user("slow"), user("busy")
-    engine = scripted(tok, [(slow_prompt, ['<|channel|>commentary to=functions.wait json<|message|>{}<|call|>',
-                                           final("waited")]),
-                            (busy_prompt, [add_call(1, 1), add_call(2, 2), add_call(3, 3), final("busy done")])],
-                      tools=tools)
+    engine = scripted(
+        tok,
+        [
+            (slow_prompt, ["<|channel|>commentary to=functions.wait json<|message|>{}<|call|>", final("waited")]),
+            (busy_prompt, [add_call(1, 1), add_call(2, 2), add_call(3, 3), final("busy done")]),
+        ],
+        tools=tools,
+    )
     seen.append(engine.requests)
     slow, busy = run_rollouts(engine, [slow_prompt, busy_prompt], tokenizer=tok, tools=tools)
     assert busy.final_answer == "busy done" and busy.num_tool_calls == 3

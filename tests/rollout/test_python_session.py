@@ -71,8 +71,10 @@ def test_function_form_body_and_bad_input(python_tool):
 
 
 def _python_turn(code: str) -> str:
-    return ("<|channel|>analysis<|message|>Let me run code.<|end|><|start|>assistant to=python<|channel|>analysis "
-            f"code<|message|>{code}<|call|>")
+    return (
+        "<|channel|>analysis<|message|>Let me run code.<|end|><|start|>assistant to=python<|channel|>analysis "
+        f"code<|message|>{code}<|call|>"
+    )
 
 
 @pytest.mark.parametrize("stateful", [True, False], ids=["stateful", "stateless"])
@@ -90,8 +92,7 @@ def test_builtin_python_calls_in_a_rollout(tok, python_tool, stateful):
     else:
         assert "NameError: name 'x' is not defined" in replies[1].text and r.num_tool_errors == 1
     assert PYTHON_TOOL_DESCRIPTION.split(". ")[0] in tok.decode(r.prompt_ids)  # declared as the builtin tool
-    rendered = render_conversation(prompt + r.messages, tok, python_tool=True, for_training=True,
-                                   drop_analysis=False)
+    rendered = render_conversation(prompt + r.messages, tok, python_tool=True, for_training=True, drop_analysis=False)
     assert rendered == r.prompt_ids + r.completion_ids
 
 

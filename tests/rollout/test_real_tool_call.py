@@ -47,8 +47,7 @@ def test_python_call_runs_in_the_sandbox_and_the_next_turn_reads_its_output(tool
     with VLLMServer(tool_caller_dir, max_model_len=512, max_num_seqs=8) as server:
         engine = VLLMServerEngine(server.base_url)
         try:
-            rollouts = run_rollouts(engine, [prompt] * CONVERSATIONS, tokenizer=tokenizer, tools=[tool],
-                                    config=config)
+            rollouts = run_rollouts(engine, [prompt] * CONVERSATIONS, tokenizer=tokenizer, tools=[tool], config=config)
         finally:
             engine.close()
     for r in rollouts:

@@ -17,9 +17,15 @@ from trl_gptoss.rollout.server import WORKER_EXTENSION_DIR, free_port, live_grou
 def test_cpu_command_carries_weight_sync_flags(tiny_checkpoint):
     server = VLLMServer(tiny_checkpoint, device="cpu", extra_args=["--foo", 1])
     command = " ".join(server.command)
-    for flag in ("-m vllm.entrypoints.openai.api_server", "--logprobs-mode processed_logprobs",
-                 "--worker-extension-cls gptoss_vllm_worker.GptOssWeightSyncExtension", "--dtype float32",
-                 "--enforce-eager", f"--model {tiny_checkpoint}", "--foo 1"):
+    for flag in (
+        "-m vllm.entrypoints.openai.api_server",
+        "--logprobs-mode processed_logprobs",
+        "--worker-extension-cls gptoss_vllm_worker.GptOssWeightSyncExtension",
+        "--dtype float32",
+        "--enforce-eager",
+        f"--model {tiny_checkpoint}",
+        "--foo 1",
+    ):
         assert flag in command
     assert "--weight-transfer-config" not in command
     assert server._env["VLLM_SERVER_DEV_MODE"] == "1" and server._env["VLLM_CPU_KVCACHE_SPACE"] == "1"
@@ -34,11 +40,18 @@ def test_gpu_command_uses_nccl_weight_transfer(tiny_checkpoint):
 
 def test_worker_extension_imports_in_the_vllm_interpreter_without_trl_gptoss():
     """The server's interpreter has neither trl_gptoss nor our transformers: the extension must load there."""
-    check = ("import sys; sys.path.insert(0, sys.argv[1]); import gptoss_vllm_worker as w; "
-             "assert not [m for m in sys.modules if m.startswith('trl_gptoss')]; "
-             "print(w.GptOssWeightSyncExtension.gptoss_load_weights.__name__)")
-    out = subprocess.run([str(vllm_python()), "-c", check, str(WORKER_EXTENSION_DIR)], capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": ""})
+    check = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import gptoss_vllm_worker as w; "
+        "assert not [m for m in sys.modules if m.startswith('trl_gptoss')]; "
+        "print(w.GptOssWeightSyncExtension.gptoss_load_weights.__name__)"
+    )
+    out = subprocess.run(
+        [str(vllm_python()), "-c", check, str(WORKER_EXTENSION_DIR)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": ""},
+    )
     assert out.returncode == 0 and out.stdout.strip() == "gptoss_load_weights", out.stderr
 
 
@@ -70,10 +83,28 @@ def test_cli_serves_and_death_mid_rollout_is_a_bounded_error(tiny_checkpoint):
     CLI exits leaving no process behind."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cli = subprocess.Popen([sys.executable, "-c", "from trl_gptoss.cli import main; raise SystemExit(main())",
-                            "vllm-serve", "--model", str(tiny_checkpoint), "--port", str(port), "--max-model-len",
-                            "4096", "--max-num-seqs", "4", "--kv-cache-gib", "1"],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    cli = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from trl_gptoss.cli import main; raise SystemExit(main())",
+            "vllm-serve",
+            "--model",
+            str(tiny_checkpoint),
+            "--port",
+            str(port),
+            "--max-model-len",
+            "4096",
+            "--max-num-seqs",
+            "4",
+            "--kv-cache-gib",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         _wait_healthy(url, cli)
         (server_pgid,) = _child_groups(cli.pid)

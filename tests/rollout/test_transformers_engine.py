@@ -26,10 +26,11 @@ def _recomputed_logprobs(model, request, generation):
     """The trainer's view: one full forward over prompt + completion, same temperature/top-k/top-p."""
     ids = torch.tensor([request.prompt_ids + generation.token_ids])
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(request.prompt_ids) - 1:-1]
+        logits = model(input_ids=ids).logits[0, len(request.prompt_ids) - 1 : -1]
     n = logits.shape[0]
-    lp = processed_logprobs(logits, torch.full((n,), request.temperature),
-                            torch.full((n,), request.top_k), torch.full((n,), request.top_p))
+    lp = processed_logprobs(
+        logits, torch.full((n,), request.temperature), torch.full((n,), request.top_k), torch.full((n,), request.top_p)
+    )
     return lp.gather(1, torch.tensor(generation.token_ids)[:, None]).squeeze(1)
 
 
@@ -49,8 +50,9 @@ def test_is_a_rollout_engine(model):
 
 # fp32: KV-cached decode and one full forward round logits differently (~1e-5 on logits of size ~10), and
 # 1/temperature scales that; the float64 run shows the math itself is exact.
-@pytest.mark.parametrize(("dtype", "atol", "rtol"), [(torch.float32, 1e-5, 1e-6), (torch.float64, 1e-10, 0)],
-                         ids=["fp32", "fp64"])
+@pytest.mark.parametrize(
+    ("dtype", "atol", "rtol"), [(torch.float32, 1e-5, 1e-6), (torch.float64, 1e-10, 0)], ids=["fp32", "fp64"]
+)
 def test_logprobs_equal_recomputed_at_same_temperature(model, dtype, atol, rtol):
     model = tiny_gpt_oss(seed=0, initializer_range=0.15, dtype=dtype)
     model.set_experts_implementation("eager")  # grouped_mm has no float64
@@ -95,8 +97,9 @@ def test_stop_token_is_included_and_ends_the_row(model):
     request = GenerationRequest([5, 40, 41, 42, 7], max_new_tokens=12, temperature=0.7, seed=1)
     free = _run(engine, [request])[0]
     stop_at = free.token_ids[3]
-    stopped = _run(engine, [GenerationRequest(request.prompt_ids, 12, temperature=0.7, seed=1,
-                                              stop_token_ids=(stop_at,))])[0]
+    stopped = _run(
+        engine, [GenerationRequest(request.prompt_ids, 12, temperature=0.7, seed=1, stop_token_ids=(stop_at,))]
+    )[0]
     cut = free.token_ids.index(stop_at) + 1
     assert stopped.finish_reason == "stop"
     assert stopped.token_ids == free.token_ids[:cut]
@@ -137,8 +140,10 @@ def test_push_weights_is_noop_for_same_model_and_copies_otherwise(model):
 
 def test_push_of_a_peft_model_sends_merged_weights_and_leaves_adapters(model):
     peft = pytest.importorskip("peft")
-    trainer = peft.get_peft_model(tiny_gpt_oss(seed=0, initializer_range=0.15),
-                                  peft.LoraConfig(r=4, target_modules=["q_proj", "o_proj"], init_lora_weights=False))
+    trainer = peft.get_peft_model(
+        tiny_gpt_oss(seed=0, initializer_range=0.15),
+        peft.LoraConfig(r=4, target_modules=["q_proj", "o_proj"], init_lora_weights=False),
+    )
     ids = torch.tensor([[5, 40, 41, 42, 7]])
     with torch.no_grad():
         before = trainer(input_ids=ids).logits

@@ -18,6 +18,7 @@ def vllm(test):
     """Starts (or shares) a vLLM server: one xdist worker runs them all."""
     return pytest.mark.vllm(pytest.mark.xdist_group("vllm")(test))
 
+
 PROMPT = [5, 40, 41, 42, 7]
 
 
@@ -39,8 +40,10 @@ def _generate(engine, requests):
 def test_contract_and_processed_logprobs(engine, tiny_checkpoint, vllm_tiny_server):
     assert isinstance(engine, RolloutEngine)
     assert engine.max_model_len == vllm_tiny_server.max_model_len and engine.health()
-    requests = [GenerationRequest(PROMPT, 10, temperature=t, seed=s, top_k=k)
-                for t, s, k in ((0.7, 1, -1), (1.3, 2, 30), (1.0, 3, -1))]
+    requests = [
+        GenerationRequest(PROMPT, 10, temperature=t, seed=s, top_k=k)
+        for t, s, k in ((0.7, 1, -1), (1.3, 2, 30), (1.0, 3, -1))
+    ]
     first = _generate(engine, requests)
     assert [g.token_ids for g in _generate(engine, requests)] == [g.token_ids for g in first], "seeds repeat"
     model = GptOssForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32, attn_implementation="eager")
@@ -49,7 +52,7 @@ def test_contract_and_processed_logprobs(engine, tiny_checkpoint, vllm_tiny_serv
     for request, generation in zip(requests, first):
         assert generation.finish_reason == "length" and len(generation.token_ids) == 10
         with torch.no_grad():
-            logits = model(input_ids=torch.tensor([PROMPT + generation.token_ids])).logits[0, len(PROMPT) - 1:-1]
+            logits = model(input_ids=torch.tensor([PROMPT + generation.token_ids])).logits[0, len(PROMPT) - 1 : -1]
         expected = processed_logprobs(logits, request.temperature, request.top_k, request.top_p)
         expected = expected.gather(1, torch.tensor(generation.token_ids)[:, None]).squeeze(1)
         assert torch.allclose(torch.tensor(generation.logprobs), expected, atol=1e-4, rtol=0), request
@@ -61,7 +64,7 @@ def test_stop_token_included_and_prompt_budget(engine):
     stop_at = free.token_ids[3]
     stopped = _generate(engine, [GenerationRequest(PROMPT, 12, seed=4, stop_token_ids=(stop_at, 1))])[0]
     assert stopped.finish_reason == "stop"
-    assert stopped.token_ids == free.token_ids[:free.token_ids.index(stop_at) + 1]
+    assert stopped.token_ids == free.token_ids[: free.token_ids.index(stop_at) + 1]
     with pytest.raises(ValueError, match="exceeds max_model_len"):
         _generate(engine, [GenerationRequest(list(range(1000)), 100)])
 
@@ -88,8 +91,10 @@ def test_two_processes_each_get_their_own_continuations(vllm_tiny_server):
     plan = {1: 1, 2: 5}  # seed -> number of turns (tool calls + 1)
     context = multiprocessing.get_context("spawn")
     barrier, queue = context.Barrier(len(plan)), context.Queue()
-    processes = [context.Process(target=_worker, args=(vllm_tiny_server.base_url, calls, seed, barrier, queue))
-                 for seed, calls in plan.items()]
+    processes = [
+        context.Process(target=_worker, args=(vllm_tiny_server.base_url, calls, seed, barrier, queue))
+        for seed, calls in plan.items()
+    ]
     for process in processes:
         process.start()
     results = dict(queue.get(timeout=300) for _ in processes)

@@ -17,8 +17,48 @@ from trl_gptoss.testing import tiny_gpt_oss
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
 
 # a fixed token sequence (prompt + continuation) the server scores with prompt log-probs
-SEQUENCE = [5, 40, 41, 42, 7, 300, 301, 17, 99, 100, 101, 250, 251, 3, 480, 9, 8, 7, 6, 5, 200, 201, 202, 64,
-            65, 66, 410, 411, 30, 31, 32, 33, 120, 121, 122, 123, 124, 125, 126, 127]
+SEQUENCE = [
+    5,
+    40,
+    41,
+    42,
+    7,
+    300,
+    301,
+    17,
+    99,
+    100,
+    101,
+    250,
+    251,
+    3,
+    480,
+    9,
+    8,
+    7,
+    6,
+    5,
+    200,
+    201,
+    202,
+    64,
+    65,
+    66,
+    410,
+    411,
+    30,
+    31,
+    32,
+    33,
+    120,
+    121,
+    122,
+    123,
+    124,
+    125,
+    126,
+    127,
+]
 
 GROUPS = {
     "sinks": lambda n: n.endswith("self_attn.sinks"),
@@ -46,8 +86,14 @@ def served(vllm_tiny_server, tiny_checkpoint):
 
 def server_scores(engine) -> torch.Tensor:
     """The server's log-prob of each token of SEQUENCE given the ones before it: ``[len(SEQUENCE) - 1]``."""
-    payload = {"model": engine.model, "prompt": SEQUENCE, "max_tokens": 1, "temperature": 1.0,
-               "prompt_logprobs": 0, "return_tokens_as_token_ids": True}
+    payload = {
+        "model": engine.model,
+        "prompt": SEQUENCE,
+        "max_tokens": 1,
+        "temperature": 1.0,
+        "prompt_logprobs": 0,
+        "return_tokens_as_token_ids": True,
+    }
     entries = engine.request("POST", "/v1/completions", payload)["choices"][0]["prompt_logprobs"][1:]
     scores = []
     for token, entry in zip(SEQUENCE[1:], entries):

@@ -29,14 +29,18 @@ def test_tiny_model_is_deterministic_and_sinks_are_large():
     assert sinks.min() >= low and sinks.max() <= high and sinks.std() > 0.5
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(head_dim=0), "head_dim must be a positive int"),
-    (dict(vocab_size=100), "vocab_size must be >= 512"),
-    (dict(num_attention_heads=6, num_key_value_heads=4), "must be a multiple of"),
-    (dict(num_experts_per_tok=1), r"num_experts_per_tok must be in \[2, "),
-    (dict(num_experts_per_tok=5), r"num_experts_per_tok must be in \[2, num_local_experts=4\]"),
-    (dict(sliding_window=-3), "sliding_window must be a positive int"),
-], ids=["head-dim", "vocab", "gqa", "topk-low", "topk-high", "window"])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(head_dim=0), "head_dim must be a positive int"),
+        (dict(vocab_size=100), "vocab_size must be >= 512"),
+        (dict(num_attention_heads=6, num_key_value_heads=4), "must be a multiple of"),
+        (dict(num_experts_per_tok=1), r"num_experts_per_tok must be in \[2, "),
+        (dict(num_experts_per_tok=5), r"num_experts_per_tok must be in \[2, num_local_experts=4\]"),
+        (dict(sliding_window=-3), "sliding_window must be a positive int"),
+    ],
+    ids=["head-dim", "vocab", "gqa", "topk-low", "topk-high", "window"],
+)
 def test_factory_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         tiny_gpt_oss_config(**kwargs)

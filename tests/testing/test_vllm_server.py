@@ -13,8 +13,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
 
 def test_completes_token_prompt_with_logprobs(vllm_tiny_server):
     tokenizer = harmony_tokenizer(small=True)
-    prompt = render_conversation([{"role": "user", "content": "What is 2 + 2?"}], tokenizer,
-                                 add_generation_prompt=True)
+    prompt = render_conversation([{"role": "user", "content": "What is 2 + 2?"}], tokenizer, add_generation_prompt=True)
     (first, second) = vllm_tiny_server.complete(prompt, max_tokens=12, temperature=1.0, n=2, seed=7)
     for completion in (first, second):
         assert len(completion.token_ids) == len(completion.logprobs) > 0
@@ -31,7 +30,7 @@ def test_stop_token_ids_end_sampling(vllm_tiny_server):
     stop_at = greedy.token_ids[2]
     stopped = vllm_tiny_server.complete(prompt, max_tokens=8, temperature=0.0, stop_token_ids=[stop_at])[0]
     assert stopped.finish_reason == "stop"
-    assert stopped.token_ids == greedy.token_ids[:greedy.token_ids.index(stop_at) + 1]
+    assert stopped.token_ids == greedy.token_ids[: greedy.token_ids.index(stop_at) + 1]
 
 
 @pytest.mark.slow

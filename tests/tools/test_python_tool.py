@@ -90,9 +90,7 @@ def test_custom_tool_checks_its_declaration():
 def test_run_tool_calls_in_parallel_with_errors_as_messages(tool):
     from trl_gptoss.harmony import ToolCall
 
-    calls = [
-        ToolCall(name="python", arguments="import time\ntime.sleep(0.4)\nprint('a')", recipient="python")
-    ]
+    calls = [ToolCall(name="python", arguments="import time\ntime.sleep(0.4)\nprint('a')", recipient="python")]
     calls += [
         ("python", "import time\ntime.sleep(0.4)\nprint('b')"),
         ("python", '{"code": "print(3)"}'),

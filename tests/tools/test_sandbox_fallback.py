@@ -22,9 +22,7 @@ def fallback():
     python = shutil.which("python3", path="/usr/bin:/bin") if os.geteuid() == 0 else sys.executable
     if python is None:
         pytest.skip("no system python3 for an unprivileged uid")
-    return PythonSandbox(
-        SandboxLimits(**{**TIGHT, "wall_seconds": 2.0}), isolation="process", python_executable=python
-    )
+    return PythonSandbox(SandboxLimits(**{**TIGHT, "wall_seconds": 2.0}), isolation="process", python_executable=python)
 
 
 @pytest.fixture(autouse=True)

@@ -26,9 +26,7 @@ from trl_gptoss.tools import PythonSandbox, SandboxLimits, detect_isolation
 
 pytestmark = [
     pytest.mark.skipif(sys.platform != "linux", reason="the sandbox uses Linux rlimits and /proc"),
-    pytest.mark.skipif(
-        detect_isolation() != "namespaces", reason="needs root + unshare (namespace isolation)"
-    ),
+    pytest.mark.skipif(detect_isolation() != "namespaces", reason="needs root + unshare (namespace isolation)"),
 ]
 
 
@@ -230,11 +228,16 @@ def test_call_ends_when_the_host_process_is_killed_mid_call():
     """A host (a trainer) SIGKILLed in the middle of a call cannot clean up: bubblewrap's --die-with-parent
     must end every process of the call anyway. (Its empty cgroups stay behind; this test removes them.)"""
     host = subprocess.Popen(
-        [sys.executable, "-c", "from trl_gptoss.tools import PythonSandbox\n"
-         "from trl_gptoss.tools.sandbox import cgroups\n"
-         "print(cgroups.PROCESS_TOKEN, flush=True)\n"
-         "PythonSandbox().run('import os, time\\nos.fork()\\ntime.sleep(100)')"],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "from trl_gptoss.tools import PythonSandbox\n"
+            "from trl_gptoss.tools.sandbox import cgroups\n"
+            "print(cgroups.PROCESS_TOKEN, flush=True)\n"
+            "PythonSandbox().run('import os, time\\nos.fork()\\ntime.sleep(100)')",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         token = host.stdout.readline().strip()
@@ -249,6 +252,8 @@ def test_call_ends_when_the_host_process_is_killed_mid_call():
         host.stdout.close()
         for group in own_cgroups(token):
             os.rmdir(group)
+
+
 def _wait_until(condition, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while not condition():

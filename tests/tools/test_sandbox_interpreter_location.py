@@ -18,9 +18,11 @@ def test_virtualenv_under_tmp_runs_code(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     result = PythonSandbox(python_executable=str(venv / "bin" / "python")).run(
-        "import sys; print(sys.prefix); open('/tmp/work/x', 'w').write('scratch is writable')")
+        "import sys; print(sys.prefix); open('/tmp/work/x', 'w').write('scratch is writable')"
+    )
     assert result.ok, result.stderr
     assert result.stdout.strip() == str(venv)
     denied = PythonSandbox(python_executable=str(venv / "bin" / "python")).run(
-        f"open({str(venv / 'pyvenv.cfg')!r}, 'a').write('x')")
+        f"open({str(venv / 'pyvenv.cfg')!r}, 'a').write('x')"
+    )
     assert not denied.ok and ("Read-only" in denied.stderr or "Permission" in denied.stderr)

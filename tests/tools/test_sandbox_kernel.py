@@ -124,7 +124,9 @@ def test_start_up_fails_clearly_where_user_namespaces_are_disabled():
     )
     out = subprocess.run(
         ["unshare", "--user", "--map-root-user", sys.executable, "-c", program],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     for hint in ("unshare(CLONE_NEWUSER)", "user.max_user_namespaces", "isolation='process'"):

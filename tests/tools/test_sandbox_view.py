@@ -67,8 +67,14 @@ def test_only_the_allowed_packages_are_importable(sandbox):
         "        print(name, 'no')\n"
     )
     seen = dict(line.split() for line in _lines(sandbox.run(code)))
-    assert seen == {"numpy": "yes", "sympy": "yes", "torch": "no", "transformers": "no", "trl_gptoss": "no",
-                    "pip": "no"}
+    assert seen == {
+        "numpy": "yes",
+        "sympy": "yes",
+        "torch": "no",
+        "transformers": "no",
+        "trl_gptoss": "no",
+        "pip": "no",
+    }
 
 
 def test_host_sysv_shared_memory_is_out_of_reach_and_call_segments_die_with_the_call(sandbox):

@@ -7,8 +7,14 @@ import os
 
 def server_mode_rank(rank: int, world: int, server_url: str, state_path: str, output_dir: str) -> dict:
     """One rank of a 2-process server-mode run: both ranks sample from the server on their own."""
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="0",
+    )
     import torch
 
     from tests.trainer.helpers import SYSTEM, AddTool, answer_reward, grpo_args, load_taught, logged, prompt_dataset
@@ -17,10 +23,23 @@ def server_mode_rank(rank: int, world: int, server_url: str, state_path: str, ou
 
     tokenizer = harmony_tokenizer(small=True)
     model = load_taught(torch.load(state_path, weights_only=True))
-    args = grpo_args(output_dir, rollout_backend="vllm_server", rollout_server_url=server_url,
-                     per_device_train_batch_size=2, num_generations=2, max_steps=2)
-    trainer = GptOssGRPOTrainer(model, answer_reward, args=args, train_dataset=prompt_dataset([1, 2]),
-                                processing_class=tokenizer, tools=[AddTool()], rollout_system=SYSTEM)
+    args = grpo_args(
+        output_dir,
+        rollout_backend="vllm_server",
+        rollout_server_url=server_url,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_steps=2,
+    )
+    trainer = GptOssGRPOTrainer(
+        model,
+        answer_reward,
+        args=args,
+        train_dataset=prompt_dataset([1, 2]),
+        processing_class=tokenizer,
+        tools=[AddTool()],
+        rollout_system=SYSTEM,
+    )
     calls = []
     run = trainer._rollout_batch
 
@@ -31,12 +50,16 @@ def server_mode_rank(rank: int, world: int, server_url: str, state_path: str, ou
 
     trainer.rollout_func = counting
     trainer.train()
-    return {"calls": calls, "diff": logged(trainer, "rollout_corr/abs_logp_diff_max"),
-            "ratio": logged(trainer, "policy/ratio_max_abs_dev")}
+    return {
+        "calls": calls,
+        "diff": logged(trainer, "rollout_corr/abs_logp_diff_max"),
+        "ratio": logged(trainer, "policy/ratio_max_abs_dev"),
+    }
 
 
-def train_in_process_engine(output_dir: str, die_after_save_at: int | None = None,
-                            resume_from: str | None = None) -> dict:
+def train_in_process_engine(
+    output_dir: str, die_after_save_at: int | None = None, resume_from: str | None = None
+) -> dict:
     """4 seeded steps with the in-process engine, checkpoint every 2; optionally ``os._exit`` (no cleanup,
     like a kill) right after the checkpoint of ``die_after_save_at`` is written. Returns {step: loss}."""
     from transformers import TrainerCallback
@@ -50,12 +73,18 @@ def train_in_process_engine(output_dir: str, die_after_save_at: int | None = Non
             if state.global_step == die_after_save_at:
                 os._exit(137)
 
-    args = grpo_args(output_dir, max_steps=4, save_strategy="steps", save_steps=2, max_completion_length=16,
-                     learning_rate=1e-2)
-    trainer = GptOssGRPOTrainer(tiny_gpt_oss(seed=0), length_reward, args=args,
-                                train_dataset=prompt_dataset([0, 1, 2, 0, 1, 2]),
-                                processing_class=harmony_tokenizer(small=True), tools=[],
-                                callbacks=[DieAfterSave()] if die_after_save_at else None)
+    args = grpo_args(
+        output_dir, max_steps=4, save_strategy="steps", save_steps=2, max_completion_length=16, learning_rate=1e-2
+    )
+    trainer = GptOssGRPOTrainer(
+        tiny_gpt_oss(seed=0),
+        length_reward,
+        args=args,
+        train_dataset=prompt_dataset([0, 1, 2, 0, 1, 2]),
+        processing_class=harmony_tokenizer(small=True),
+        tools=[],
+        callbacks=[DieAfterSave()] if die_after_save_at else None,
+    )
     trainer.train(resume_from_checkpoint=resume_from)
     return {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
 
@@ -63,8 +92,14 @@ def train_in_process_engine(output_dir: str, die_after_save_at: int | None = Non
 def sp_rank(rank: int, world: int, sp_size: int, output_dir: str) -> dict:
     """One optimizer step of the in-process-engine trainer with ``sp_size``; the loss and every parameter's
     synchronised gradient (sum and sum of squares; sinks in full)."""
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="0",
+    )
     from transformers import TrainerCallback
 
     from tests.trainer.helpers import grpo_args, prompt_dataset, token_reward
@@ -82,11 +117,25 @@ def sp_rank(rank: int, world: int, sp_size: int, output_dir: str) -> dict:
                     if name.endswith("layers.0.self_attn.sinks"):
                         grads["sinks_full"] = g.tolist()
 
-    args = grpo_args(output_dir, sp_size=sp_size, max_steps=1, per_device_train_batch_size=2, num_generations=2,
-                     max_completion_length=24, entropy_coef=0.0, gradient_checkpointing=False)
-    trainer = GptOssGRPOTrainer(tiny_gpt_oss(seed=0), token_reward, args=args, train_dataset=prompt_dataset([0, 1]),
-                                processing_class=harmony_tokenizer(small=True), tools=[], callbacks=[KeepGrads()])
+    args = grpo_args(
+        output_dir,
+        sp_size=sp_size,
+        max_steps=1,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=24,
+        entropy_coef=0.0,
+        gradient_checkpointing=False,
+    )
+    trainer = GptOssGRPOTrainer(
+        tiny_gpt_oss(seed=0),
+        token_reward,
+        args=args,
+        train_dataset=prompt_dataset([0, 1]),
+        processing_class=harmony_tokenizer(small=True),
+        tools=[],
+        callbacks=[KeepGrads()],
+    )
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    return {"loss": losses, "grads": grads,
-            "completions": [r.completion_ids for r in trainer._last_rollouts]}
+    return {"loss": losses, "grads": grads, "completions": [r.completion_ids for r in trainer._last_rollouts]}

@@ -18,19 +18,34 @@ from trl_gptoss.testing.engines import ScriptedEngine, harmony_ids
 from trl_gptoss.tools import Tool, ToolResult
 
 PROMPTS = {0: "Say four.", 1: "Add two and two.", 2: "Add two and two, twice."}
-SYSTEM = SystemContent(model_identity=None, reasoning_effort=None, knowledge_cutoff=None,
-                       valid_channels=("analysis", "commentary", "final"), channel_required=False)
+SYSTEM = SystemContent(
+    model_identity=None,
+    reasoning_effort=None,
+    knowledge_cutoff=None,
+    valid_channels=("analysis", "commentary", "final"),
+    channel_required=False,
+)
 
 
 class AddTool(Tool):
     name = "add"
     description = "Add two integers."
-    parameters = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                  "required": ["a", "b"]}
+    parameters = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"],
+    }
 
     def _invoke(self, arguments: dict) -> ToolResult:
-        return ToolResult(stdout=str(arguments["a"] + arguments["b"]), stderr="", exit_code=0, timed_out=False,
-                          truncated=False, wall_time=0.0, isolation="none")
+        return ToolResult(
+            stdout=str(arguments["a"] + arguments["b"]),
+            stderr="",
+            exit_code=0,
+            timed_out=False,
+            truncated=False,
+            wall_time=0.0,
+            isolation="none",
+        )
 
 
 def user(text: str) -> list[dict]:
@@ -56,8 +71,13 @@ def real_trajectories(tokenizer, tools) -> list:
         ids = render_conversation(user(text), tokenizer, tools=tools, system=SYSTEM, add_generation_prompt=True)
         scripts[tuple(ids)] = [harmony_ids(tokenizer, t) for t in scripted_turns(calls)]
     engine = ScriptedEngine(tokenizer, scripts, max_model_len=1024)
-    rollouts = run_rollouts(engine, [user(t) for t in PROMPTS.values()], tokenizer=tokenizer, tools=tools,
-                            config=RolloutConfig(max_completion_tokens=200, seed=0, system=SYSTEM))
+    rollouts = run_rollouts(
+        engine,
+        [user(t) for t in PROMPTS.values()],
+        tokenizer=tokenizer,
+        tools=tools,
+        config=RolloutConfig(max_completion_tokens=200, seed=0, system=SYSTEM),
+    )
     for calls, rollout in zip(PROMPTS, rollouts):
         assert rollout.num_tool_calls == calls and rollout.num_tool_errors == 0, rollout
     return rollouts
@@ -73,11 +93,11 @@ def taught_model(tokenizer, *, steps: int = 300, seed: int = 0, **overrides):
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
     attention = torch.zeros(len(rows), width, dtype=torch.long)
     for i, (row, r) in enumerate(zip(rows, rollouts)):
-        ids[i, :len(row)] = torch.tensor(row)
-        attention[i, :len(row)] = 1
+        ids[i, : len(row)] = torch.tensor(row)
+        attention[i, : len(row)] = 1
         completion = torch.tensor(r.completion_ids)
         sampled = torch.tensor(r.completion_mask, dtype=torch.bool)
-        labels[i, len(r.prompt_ids):len(row)] = torch.where(sampled, completion, torch.full_like(completion, -100))
+        labels[i, len(r.prompt_ids) : len(row)] = torch.where(sampled, completion, torch.full_like(completion, -100))
     optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
     for _ in range(steps):
         loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
@@ -109,10 +129,25 @@ def grpo_args(output_dir, **overrides):
     """A small, seeded, CPU config: 2 prompts x 2 generations per step, short completions, no saving."""
     from trl_gptoss.trainer import GptOssGRPOConfig
 
-    fields = dict(use_cpu=True, bf16=False, per_device_train_batch_size=4, num_generations=2,
-                  max_completion_length=96, max_steps=2, learning_rate=1e-4, logging_steps=1, report_to=[],
-                  seed=0, save_strategy="no", temperature=1.0, entropy_coef=0.01, dataloader_num_workers=0,
-                  rollout_backend="transformers", rollout_correction="token_tis", max_turns=4)
+    fields = dict(
+        use_cpu=True,
+        bf16=False,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=96,
+        max_steps=2,
+        learning_rate=1e-4,
+        logging_steps=1,
+        report_to=[],
+        seed=0,
+        save_strategy="no",
+        temperature=1.0,
+        entropy_coef=0.01,
+        dataloader_num_workers=0,
+        rollout_backend="transformers",
+        rollout_correction="token_tis",
+        max_turns=4,
+    )
     fields.update(overrides)
     return GptOssGRPOConfig(str(output_dir), **fields)
 

@@ -108,14 +108,23 @@ def test_metrics_match_their_definitions():
 def test_stats_of_two_halves_add_up_to_the_whole():
     corr, lr = _weights("seq_mis", is_upper=1.2, is_lower=0.8)
     whole = finalize_metrics(*mismatch_stats(TRAIN, ROLLOUT, MASK, corr, lr))
-    parts = [mismatch_stats(TRAIN[i:i + 1], ROLLOUT[i:i + 1], MASK[i:i + 1],
-                            rollout_correction(lr[i:i + 1], MASK[i:i + 1], "seq_mis",
-                                               CorrectionThresholds(is_upper=1.2, is_lower=0.8)), lr[i:i + 1])
-             for i in range(2)]
+    parts = [
+        mismatch_stats(
+            TRAIN[i : i + 1],
+            ROLLOUT[i : i + 1],
+            MASK[i : i + 1],
+            rollout_correction(
+                lr[i : i + 1], MASK[i : i + 1], "seq_mis", CorrectionThresholds(is_upper=1.2, is_lower=0.8)
+            ),
+            lr[i : i + 1],
+        )
+        for i in range(2)
+    ]
     merged = finalize_metrics(parts[0][0] + parts[1][0], torch.maximum(parts[0][1], parts[1][1]))
     assert merged == pytest.approx(whole)
     assert whole["is_mask_fraction"] == pytest.approx(3 / 5) and whole["is_weight_mean"] == pytest.approx(
-        2 * math.exp(0.001) / 5, rel=1e-6)
+        2 * math.exp(0.001) / 5, rel=1e-6
+    )
 
 
 @pytest.mark.parametrize("bad", [dict(is_upper=0.0), dict(is_lower=3.0), dict(rs_lower=1.01), dict(rs_upper=0.9)])

@@ -33,9 +33,21 @@ def test_sp_refuses_what_it_cannot_compute(tokenizer, tmp_path):
     args = grpo_args(tmp_path, sp_size=1)
     args.sp_size = 3  # past __post_init__'s world check: the head check must still refuse it
     with pytest.raises(ValueError, match="num_attention_heads"):
-        GptOssGRPOTrainer(tiny_gpt_oss(), lambda completions, **kw: [0.0] * len(completions), args=args,
-                          train_dataset=prompt_dataset([0]), processing_class=tokenizer, tools=[])
+        GptOssGRPOTrainer(
+            tiny_gpt_oss(),
+            lambda completions, **kw: [0.0] * len(completions),
+            args=args,
+            train_dataset=prompt_dataset([0]),
+            processing_class=tokenizer,
+            tools=[],
+        )
     args.sp_size = 2
     with pytest.raises(ValueError, match="entropy_coef"):
-        GptOssGRPOTrainer(tiny_gpt_oss(), lambda completions, **kw: [0.0] * len(completions), args=args,
-                          train_dataset=prompt_dataset([0]), processing_class=tokenizer, tools=[])
+        GptOssGRPOTrainer(
+            tiny_gpt_oss(),
+            lambda completions, **kw: [0.0] * len(completions),
+            args=args,
+            train_dataset=prompt_dataset([0]),
+            processing_class=tokenizer,
+            tools=[],
+        )

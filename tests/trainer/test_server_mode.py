@@ -32,8 +32,15 @@ def server(taught):
 
 def _trainer(model, tokenizer, tmp_path, server, calls, **overrides):
     args = grpo_args(tmp_path, rollout_backend="vllm_server", rollout_server_url=server.base_url, **overrides)
-    return GptOssGRPOTrainer(model, answer_reward, args=args, train_dataset=prompt_dataset(calls),
-                             processing_class=tokenizer, tools=[AddTool()], rollout_system=SYSTEM)
+    return GptOssGRPOTrainer(
+        model,
+        answer_reward,
+        args=args,
+        train_dataset=prompt_dataset(calls),
+        processing_class=tokenizer,
+        tools=[AddTool()],
+        rollout_system=SYSTEM,
+    )
 
 
 def _server_vs_trainer_max_diff(trainer, tokenizer) -> float:
@@ -41,13 +48,18 @@ def _server_vs_trainer_max_diff(trainer, tokenizer) -> float:
     from trl_gptoss.harmony import render_conversation
 
     engine = trainer.rollout_backend.engine
-    prompt = render_conversation([{"role": "user", "content": "Add two and two."}], tokenizer, tools=[AddTool()],
-                                 system=SYSTEM, add_generation_prompt=True)
+    prompt = render_conversation(
+        [{"role": "user", "content": "Add two and two."}],
+        tokenizer,
+        tools=[AddTool()],
+        system=SYSTEM,
+        add_generation_prompt=True,
+    )
     generation = engine.generate_sync(GenerationRequest(prompt, max_new_tokens=24, seed=3))
     ids = torch.tensor([prompt + generation.token_ids])
     model = trainer.accelerator.unwrap_model(trainer.model)
     with torch.no_grad():
-        logps = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float().log_softmax(-1)
+        logps = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float().log_softmax(-1)
     scored = logps.gather(-1, torch.tensor(generation.token_ids)[:, None])[:, 0]
     return (scored - torch.tensor(generation.logprobs)).abs().max().item()
 
@@ -76,8 +88,17 @@ def test_two_steps_with_tool_calls_push_weights_and_match_the_server(taught, tok
 def test_figure4_mismatch_metric_sees_missing_sinks(tokenizer, tmp_path, server, attention, sinks_kept):
     """A random tiny model with large sinks (U(-1, 3)): exact attention matches vLLM, sink-less does not."""
     model = tiny_gpt_oss(seed=1)
-    trainer = _trainer(model, tokenizer, tmp_path, server, calls=[1, 2], attn_implementation=attention,
-                       max_steps=1, max_completion_length=32, entropy_coef=0.0)
+    trainer = _trainer(
+        model,
+        tokenizer,
+        tmp_path,
+        server,
+        calls=[1, 2],
+        attn_implementation=attention,
+        max_steps=1,
+        max_completion_length=32,
+        entropy_coef=0.0,
+    )
     trainer.train()
     diff = logged(trainer, "rollout_corr/abs_logp_diff_max")[0]
     if sinks_kept:
@@ -93,8 +114,9 @@ def test_two_processes_with_different_tool_call_counts(taught, tmp_path, server)
 
     state_path = tmp_path / "taught.pt"
     torch.save(taught[0], state_path)
-    results = launch(server_mode_rank, 2, tmp_path / "run", server.base_url, str(state_path), str(tmp_path / "out"),
-                     timeout=600)
+    results = launch(
+        server_mode_rank, 2, tmp_path / "run", server.base_url, str(state_path), str(tmp_path / "out"), timeout=600
+    )
     for step in range(2):
         per_rank = [sorted(r["calls"][step]) for r in results]
         assert per_rank[0] != per_rank[1], per_rank  # one rank's prompt asks for 1 call, the other's for 2
@@ -105,13 +127,25 @@ def test_two_processes_with_different_tool_call_counts(taught, tmp_path, server)
 def test_lora_run_pushes_merged_weights(taught, tokenizer, tmp_path, server):
     from peft import LoraConfig
 
-    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-                      target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
-    args = grpo_args(tmp_path, rollout_backend="vllm_server", rollout_server_url=server.base_url, max_steps=1,
-                     learning_rate=1e-2)
-    trainer = GptOssGRPOTrainer(load_taught(taught[0]), answer_reward, args=args, train_dataset=prompt_dataset([1, 2]),
-                                processing_class=tokenizer, tools=[AddTool()], rollout_system=SYSTEM,
-                                peft_config=lora)
+    lora = LoraConfig(
+        r=4,
+        lora_alpha=8,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+        target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
+    )
+    args = grpo_args(
+        tmp_path, rollout_backend="vllm_server", rollout_server_url=server.base_url, max_steps=1, learning_rate=1e-2
+    )
+    trainer = GptOssGRPOTrainer(
+        load_taught(taught[0]),
+        answer_reward,
+        args=args,
+        train_dataset=prompt_dataset([1, 2]),
+        processing_class=tokenizer,
+        tools=[AddTool()],
+        rollout_system=SYSTEM,
+        peft_config=lora,
+    )
     trainer.train()
     peft_model = trainer.accelerator.unwrap_model(trainer.model)
     trained = [n for n, p in peft_model.named_parameters() if p.requires_grad]

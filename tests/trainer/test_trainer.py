@@ -13,8 +13,14 @@ from trl_gptoss.trainer import GptOssGRPOTrainer
 
 def _trainer(tokenizer, tmp_path, **overrides):
     args = grpo_args(tmp_path, max_completion_length=24, **overrides)
-    return GptOssGRPOTrainer(tiny_gpt_oss(seed=0), length_reward, args=args, train_dataset=prompt_dataset([0, 1]),
-                             processing_class=tokenizer, tools=[])
+    return GptOssGRPOTrainer(
+        tiny_gpt_oss(seed=0),
+        length_reward,
+        args=args,
+        train_dataset=prompt_dataset([0, 1]),
+        processing_class=tokenizer,
+        tools=[],
+    )
 
 
 def test_on_policy_ratio_is_exactly_one_without_an_old_logprob_pass(tokenizer, tmp_path):
@@ -87,12 +93,19 @@ def test_each_preset_scales_the_loss_as_defined(tokenizer, tmp_path, preset):
     ones = torch.ones_like
     with torch.no_grad():
         logps, _, _ = trainer._get_per_token_logps_and_entropies(
-            trainer.model, torch.cat([prompt, completion], 1), torch.cat([ones(prompt), ones(completion)], 1), 4)
+            trainer.model, torch.cat([prompt, completion], 1), torch.cat([ones(prompt), ones(completion)], 1), 4
+        )
     log_r = torch.tensor([[1.0, 0.0, -0.2, 0.1], [0.0004, 0.0004, 0.0004, 0.0]])  # row 1: G ~ exp(0.0003)
     advantages = torch.tensor([1.0, -2.0])
-    inputs = {"prompt_ids": prompt, "prompt_mask": ones(prompt), "completion_ids": completion,
-              "completion_mask": ones(completion), "advantages": advantages,
-              "num_items_in_batch": torch.tensor(8.0), "sampling_per_token_logps": logps - log_r}
+    inputs = {
+        "prompt_ids": prompt,
+        "prompt_mask": ones(prompt),
+        "completion_ids": completion,
+        "completion_mask": ones(completion),
+        "advantages": advantages,
+        "num_items_in_batch": torch.tensor(8.0),
+        "sampling_per_token_logps": logps - log_r,
+    }
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1  # what Trainer sets at the start of an optimizer step
     loss = trainer._compute_loss(trainer.model, inputs).item()

@@ -41,12 +41,14 @@ def _check_call(attention_mask, dropout, is_causal, batch, q_len, k_len):
         raise ValueError(f"fa3_sink has no attention dropout, got dropout={dropout}; set config.attention_dropout=0.0")
     if not is_causal:
         raise ValueError("fa3_sink implements causal attention only (GPT-OSS is causal); got is_causal=False")
-    if attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.shape[-1] > k_len
-                                       or attention_mask.shape[0] != batch):
+    if attention_mask is not None and (
+        attention_mask.dim() != 2 or attention_mask.shape[-1] > k_len or attention_mask.shape[0] != batch
+    ):
         raise ValueError(
             f"fa3_sink expects a 2-D keep-mask [B={batch}, <= {k_len}] or None, got shape "
             f"{tuple(attention_mask.shape)}; import trl_gptoss before building masks so AttentionMaskInterface "
-            "knows 'fa3_sink'")
+            "knows 'fa3_sink'"
+        )
     if q_len > k_len:
         raise ValueError(f"query length {q_len} exceeds key length {k_len}")
 
@@ -58,8 +60,9 @@ def _attend_packed(q, k, v, sinks, layout: PackedLayout, window, scale):
     flat = [t.reshape(batch * seqlen, t.shape[2], dim) for t in (q, k, v)]
     if layout.token_index is not None:
         flat = [t.index_select(0, layout.token_index) for t in flat]
-    out = sink_attention(*flat, sinks, cu_seqlens=layout.cu_seqlens, max_seqlen=layout.max_seqlen,
-                         window=window, scale=scale)
+    out = sink_attention(
+        *flat, sinks, cu_seqlens=layout.cu_seqlens, max_seqlen=layout.max_seqlen, window=window, scale=scale
+    )
     if layout.token_index is not None:
         out = out.new_zeros(batch * seqlen, hq, dim).index_copy(0, layout.token_index, out)
     return out.view(batch, seqlen, hq, dim)
@@ -88,8 +91,9 @@ def _attend_padded(q, k, v, sinks, attention_mask, window, scale):
 def _documents(kwargs, batch, q_len, device):
     """The packed layout of a ``Tq == Tk`` call without padding mask, or None for plain rows."""
     if kwargs.get("cu_seq_lens_q") is not None and batch == 1:
-        return layout_from_cu_seqlens(kwargs["cu_seq_lens_q"], kwargs.get("cu_seq_lens_k"),
-                                      kwargs.get("max_length_q"), q_len, device)
+        return layout_from_cu_seqlens(
+            kwargs["cu_seq_lens_q"], kwargs.get("cu_seq_lens_k"), kwargs.get("max_length_q"), q_len, device
+        )
     return packed_layout(batch, q_len, kwargs.get("position_ids"), device)
 
 
@@ -107,7 +111,8 @@ def _eager_with_weights(module, q, k, v, sinks, attention_mask, window, scale, k
             doc_ids = document_ids(positions.to(q.device).expand(batch, q_len))
     allowed = allowed_keys(batch, q_len, k_len, window, attention_mask, doc_ids).to(q.device)
     additive = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(
-        ~allowed, torch.finfo(q.dtype).min)[:, None]
+        ~allowed, torch.finfo(q.dtype).min
+    )[:, None]
     view = _SinksView(module, sinks)
     return eager_attention_forward(view, *(t.transpose(1, 2) for t in (q, k, v)), additive, scaling=scale)
 
@@ -124,8 +129,9 @@ class _SinksView:
         return getattr(self._module, name)
 
 
-def fa3_sink_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
-                               sliding_window=None, s_aux=None, **kwargs):
+def fa3_sink_attention_forward(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None, s_aux=None, **kwargs
+):
     """transformers attention function: ``query [B, Hq, Tq, D]``, ``key/value [B, Hkv, Tk, D]`` (RoPE
     applied, cache already appended; queries are the last Tq positions) -> ``([B, Tq, Hq, D], None)``.
 
@@ -137,14 +143,15 @@ def fa3_sink_attention_forward(module, query, key, value, attention_mask, dropou
     """
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     batch, q_len, num_heads, _ = q.shape
-    _check_call(attention_mask, dropout, kwargs.get("is_causal", getattr(module, "is_causal", True)),
-                batch, q_len, k.shape[1])
+    _check_call(
+        attention_mask, dropout, kwargs.get("is_causal", getattr(module, "is_causal", True)), batch, q_len, k.shape[1]
+    )
     sinks = _sinks_for(s_aux, num_heads, q.device)
     scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
     if attention_mask is not None and attention_mask.shape[-1] < k.shape[1]:
         # A static cache hands over its whole buffer; the mask covers the filled prefix, which ends at the
         # current queries (transformers' flash path slices keys the same way).
-        k, v = k[:, :attention_mask.shape[-1]], v[:, :attention_mask.shape[-1]]
+        k, v = k[:, : attention_mask.shape[-1]], v[:, : attention_mask.shape[-1]]
     if kwargs.get("output_attentions"):
         _warn_output_attentions()
         return _eager_with_weights(module, q, k, v, sinks, attention_mask, sliding_window, scaling, kwargs)
@@ -162,8 +169,10 @@ _WARNED = []
 def _warn_output_attentions():
     if not _WARNED:
         _WARNED.append(True)
-        logger.warning("fa3_sink does not materialise attention weights: output_attentions=True runs these "
-                       "layers with eager attention (O(T^2) memory, same masks and sinks) to return them")
+        logger.warning(
+            "fa3_sink does not materialise attention weights: output_attentions=True runs these "
+            "layers with eager attention (O(T^2) memory, same masks and sinks) to return them"
+        )
 
 
 def register_fa3_sink(name: str = FA3_SINK_NAME) -> None:

@@ -122,8 +122,9 @@ def _packed(token_index, doc_lengths, device) -> PackedLayout:
     for length in doc_lengths:
         bounds.append(bounds[-1] + length)
     cu_seqlens = torch.tensor(bounds, dtype=torch.int32, device=device)
-    return PackedLayout(token_index=token_index, cu_seqlens=cu_seqlens, max_seqlen=max(doc_lengths, default=0),
-                        bounds=tuple(bounds))
+    return PackedLayout(
+        token_index=token_index, cu_seqlens=cu_seqlens, max_seqlen=max(doc_lengths, default=0), bounds=tuple(bounds)
+    )
 
 
 def _build_packed_from_positions(batch, seqlen, position_ids, device):
@@ -140,8 +141,11 @@ def packed_layout(batch: int, seqlen: int, position_ids, device) -> PackedLayout
     row is a single document (plain batched attention). Cached per ``position_ids`` tensor."""
     if position_ids is None or position_ids.dim() != 2 or position_ids.shape[-1] != seqlen or seqlen == 0:
         return None  # not the 1-D-rope layout GPT-OSS uses; packing is then not inferred from it
-    return _POSITIONS_CACHE.get(position_ids, (batch, seqlen, str(device)),
-                                lambda: _build_packed_from_positions(batch, seqlen, position_ids, device))
+    return _POSITIONS_CACHE.get(
+        position_ids,
+        (batch, seqlen, str(device)),
+        lambda: _build_packed_from_positions(batch, seqlen, position_ids, device),
+    )
 
 
 def _build_spans(mask):
@@ -168,8 +172,10 @@ def span_layout(attention_mask: torch.Tensor) -> SpanLayout | None:
 def _build_from_cu(cu_seq_lens_q, cu_seq_lens_k, max_length_q, seqlen, device):
     bounds = tuple(cu_seq_lens_q.tolist())
     if cu_seq_lens_k is not None and tuple(cu_seq_lens_k.tolist()) != bounds:
-        raise ValueError("cu_seq_lens_q and cu_seq_lens_k differ; fa3_sink needs the same documents for queries "
-                         "and keys (self-attention over packed documents)")
+        raise ValueError(
+            "cu_seq_lens_q and cu_seq_lens_k differ; fa3_sink needs the same documents for queries "
+            "and keys (self-attention over packed documents)"
+        )
     if bounds[-1] != seqlen:
         raise ValueError(f"cu_seq_lens_q[-1]={bounds[-1]} must equal the packed length {seqlen}")
     longest = max((b - a for a, b in zip(bounds[:-1], bounds[1:])), default=0)
@@ -183,5 +189,6 @@ def _build_from_cu(cu_seq_lens_q, cu_seq_lens_k, max_length_q, seqlen, device):
 def layout_from_cu_seqlens(cu_seq_lens_q, cu_seq_lens_k, max_length_q, seqlen, device) -> PackedLayout:
     """The packed layout handed over by TRL's padding-free collator (``cu_seq_lens_q/k`` kwargs, B == 1)."""
     key = (seqlen, max_length_q, str(device), id(cu_seq_lens_k))
-    return _CU_CACHE.get(cu_seq_lens_q, key,
-                         lambda: _build_from_cu(cu_seq_lens_q, cu_seq_lens_k, max_length_q, seqlen, device))
+    return _CU_CACHE.get(
+        cu_seq_lens_q, key, lambda: _build_from_cu(cu_seq_lens_q, cu_seq_lens_k, max_length_q, seqlen, device)
+    )

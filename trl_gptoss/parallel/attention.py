@@ -67,7 +67,7 @@ def sharded_forward(sp: SequenceParallelGroup):
 
 def select_local_sinks(sinks: torch.Tensor, rank: int, heads_per_rank: int) -> torch.Tensor:
     """The sinks of the query heads rank ``rank`` holds after the all-to-all (a differentiable view)."""
-    return sinks[rank * heads_per_rank:(rank + 1) * heads_per_rank]
+    return sinks[rank * heads_per_rank : (rank + 1) * heads_per_rank]
 
 
 class _HeadSliceView:
@@ -95,8 +95,7 @@ def _inner_function(inner: str):
     if inner == "eager":
         return eager_attention_forward
     if inner not in ALL_ATTENTION_FUNCTIONS:
-        raise ValueError(f"inner attention {inner!r} is not registered with transformers; "
-                         "import trl_gptoss first")
+        raise ValueError(f"inner attention {inner!r} is not registered with transformers; import trl_gptoss first")
     return ALL_ATTENTION_FUNCTIONS[inner]
 
 
@@ -114,14 +113,17 @@ def ulysses_attention_forward(module, query, key, value, attention_mask, scaling
     inner = _inner_of(module)
     state = _ACTIVE.get()
     if state is None:
-        return _inner_function(inner)(module, query, key, value, attention_mask, scaling=scaling,
-                                      dropout=dropout, **kwargs)
+        return _inner_function(inner)(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
     sp, local_positions = state.sp, kwargs.pop("position_ids", None)
     if local_positions is None:
         raise ValueError("a sharded forward needs position_ids (each rank's slice of the packed positions)")
     if key.shape[2] != query.shape[2]:
-        raise ValueError(f"a sharded forward attends within the sequence ({query.shape[2]} queries, "
-                         f"{key.shape[2]} keys); call the model with use_cache=False and no past_key_values")
+        raise ValueError(
+            f"a sharded forward attends within the sequence ({query.shape[2]} queries, "
+            f"{key.shape[2]} keys); call the model with use_cache=False and no past_key_values"
+        )
     hq = query.shape[1]
     if hq % sp.size:
         raise ValueError(f"num_attention_heads={hq} must be a multiple of sp_size={sp.size}")
@@ -141,8 +143,19 @@ def ulysses_attention_forward(module, query, key, value, attention_mask, scaling
         out, _ = eager_attention_forward(view, query, key, value, mask, scaling=scaling, dropout=dropout)
         del mask
     else:
-        out, _ = _inner_function(inner)(view, query, key, value, None, scaling=scaling, dropout=dropout,
-                                        sliding_window=window, s_aux=sinks, position_ids=positions, **kwargs)
+        out, _ = _inner_function(inner)(
+            view,
+            query,
+            key,
+            value,
+            None,
+            scaling=scaling,
+            dropout=dropout,
+            sliding_window=window,
+            s_aux=sinks,
+            position_ids=positions,
+            **kwargs,
+        )
     return heads_to_seq(out, sp), None
 
 
@@ -154,8 +167,7 @@ def _ulysses_mask(inner: str):
         if _ACTIVE.get() is not None:
             padding = kwargs.get("attention_mask")
             if padding is not None and not bool(padding.all()):
-                raise ValueError("a sharded forward takes packed rows without padding mask; "
-                                 "pack the batch first")
+                raise ValueError("a sharded forward takes packed rows without padding mask; pack the batch first")
             return None
         if inner in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
             return ALL_MASK_ATTENTION_FUNCTIONS[inner](**kwargs)
@@ -167,8 +179,9 @@ def _ulysses_mask(inner: str):
 def register_ulysses_attention(inner: str) -> str:
     """Register ``"ulysses_<inner>"`` with transformers' attention and mask interfaces; return the name."""
     if inner not in SINK_AWARE_INNER_ATTENTIONS:
-        raise ValueError(f"inner attention {inner!r} cannot take per-head sinks; use one of "
-                         f"{SINK_AWARE_INNER_ATTENTIONS}")
+        raise ValueError(
+            f"inner attention {inner!r} cannot take per-head sinks; use one of {SINK_AWARE_INNER_ATTENTIONS}"
+        )
     _inner_function(inner)  # fail early if the inner kernel is not registered
     name = attention_name(inner)
     AttentionInterface.register(name, ulysses_attention_forward)

@@ -43,8 +43,9 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None = Non
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     if attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} must equal input_ids shape "
-                         f"{tuple(input_ids.shape)}")
+        raise ValueError(
+            f"attention_mask shape {tuple(attention_mask.shape)} must equal input_ids shape {tuple(input_ids.shape)}"
+        )
     valid = attention_mask.bool()
     rows, cols = valid.nonzero(as_tuple=True)  # row-major: documents stay in order
     if rows.numel() == 0:
@@ -75,7 +76,7 @@ def shard(values: torch.Tensor, rank: int, size: int) -> torch.Tensor:
     if values.shape[0] % size:
         raise ValueError(f"length {values.shape[0]} is not a multiple of sp_size={size}; pad it first")
     length = values.shape[0] // size
-    return values[rank * length:(rank + 1) * length]
+    return values[rank * length : (rank + 1) * length]
 
 
 def unpack_token_values(values: torch.Tensor, packed: PackedRows) -> torch.Tensor:

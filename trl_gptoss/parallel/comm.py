@@ -83,7 +83,7 @@ class _GatherDim0(torch.autograd.Function):
     def backward(ctx, grad):
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, group=ctx.group)
-        return grad[ctx.rank * ctx.length:(ctx.rank + 1) * ctx.length], None, None, None
+        return grad[ctx.rank * ctx.length : (ctx.rank + 1) * ctx.length], None, None, None
 
 
 def gather_sequence(x: torch.Tensor, sp: SequenceParallelGroup) -> torch.Tensor:

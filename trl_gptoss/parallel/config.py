@@ -35,7 +35,8 @@ class ContextParallelPlugin:
     sp_size: int = field(default=1, metadata={"help": "Ranks that share one sequence (1 disables SP)."})
     inner_attention: str = field(
         default="eager",
-        metadata={"help": f"Attention run on the gathered sequence, one of {SINK_AWARE_INNER_ATTENTIONS}."})
+        metadata={"help": f"Attention run on the gathered sequence, one of {SINK_AWARE_INNER_ATTENTIONS}."},
+    )
 
     def __post_init__(self):
         if not isinstance(self.sp_size, int) or isinstance(self.sp_size, bool) or self.sp_size < 1:
@@ -43,7 +44,8 @@ class ContextParallelPlugin:
         if self.inner_attention not in SINK_AWARE_INNER_ATTENTIONS:
             raise ValueError(
                 f"inner_attention={self.inner_attention!r} cannot take per-head sinks; use one of "
-                f"{SINK_AWARE_INNER_ATTENTIONS}")
+                f"{SINK_AWARE_INNER_ATTENTIONS}"
+            )
 
     @property
     def enabled(self) -> bool:
@@ -65,7 +67,8 @@ class ContextParallelPlugin:
         if world_size % self.sp_size:
             raise ValueError(
                 f"sp_size={self.sp_size} must divide the number of processes ({world_size}); "
-                f"choose an sp_size among {[d for d in range(1, world_size + 1) if world_size % d == 0]}")
+                f"choose an sp_size among {[d for d in range(1, world_size + 1) if world_size % d == 0]}"
+            )
 
     def check_model(self, config) -> None:
         """Raise when the model's heads cannot be split over ``sp_size`` ranks.
@@ -76,11 +79,13 @@ class ContextParallelPlugin:
         hq, hkv = config.num_attention_heads, config.num_key_value_heads
         if hq % self.sp_size:
             raise ValueError(
-                f"sp_size={self.sp_size} must divide num_attention_heads={hq}: each rank takes Hq/sp heads")
+                f"sp_size={self.sp_size} must divide num_attention_heads={hq}: each rank takes Hq/sp heads"
+            )
         if hkv % self.sp_size and self.sp_size % hkv:
             raise ValueError(
                 f"sp_size={self.sp_size} and num_key_value_heads={hkv} must divide one another "
-                "(KV heads are split when sp <= Hkv and replicated when sp > Hkv)")
+                "(KV heads are split when sp <= Hkv and replicated when sp > Hkv)"
+            )
 
 
 def _parse_env_value(key: str, raw: str, default):

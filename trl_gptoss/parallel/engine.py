@@ -53,12 +53,17 @@ class ContextParallelRunner:
     def local_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, model=None) -> torch.Tensor:
         """Forward of this rank's shard ``[T/n]`` of one packed row -> logits ``[T/n, V]``."""
         with sharded_forward(self.sp):
-            out = (model or self.model)(input_ids=input_ids[None], position_ids=positions[None],
-                                        use_cache=False)
+            out = (model or self.model)(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)
         return out.logits[0]
 
-    def forward_backward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, loss_fn: LossFn,
-                         *, sync_gradients: bool | None = None) -> StepResult:
+    def forward_backward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        loss_fn: LossFn,
+        *,
+        sync_gradients: bool | None = None,
+    ) -> StepResult:
         """One micro-batch step. ``input_ids, attention_mask: [B, L]`` (this rank's own batch);
         ``loss_fn(token_logps [B, L]) -> scalar`` is called once, on this rank, with differentiable log-probs.
         Gradients are synchronised after the last sub-step when ``sync_gradients`` (False to accumulate;
@@ -70,7 +75,7 @@ class ContextParallelRunner:
         for owner, (ids, positions, labels) in enumerate(members):
             last = owner == self.sp.size - 1
             with self._gradient_sync(sync_gradients and last):
-                logps = self._owner_logps(self.model, ids, positions, labels)[:lengths[owner]]
+                logps = self._owner_logps(self.model, ids, positions, labels)[: lengths[owner]]
                 if owner == self.sp.rank:
                     token_logps = unpack_token_values(logps, packed)
                     loss = loss_fn(token_logps)
@@ -92,7 +97,7 @@ class ContextParallelRunner:
         packed, lengths, members = self._share_batches(input_ids, attention_mask)
         own = None
         for owner, (ids, positions, labels) in enumerate(members):
-            logps = self._owner_logps(model or self.model, ids, positions, labels)[:lengths[owner]]
+            logps = self._owner_logps(model or self.model, ids, positions, labels)[: lengths[owner]]
             if owner == self.sp.rank:
                 own = unpack_token_values(logps, packed)
         return own
@@ -103,15 +108,21 @@ class ContextParallelRunner:
         packed = pack_rows(input_ids, attention_mask)
         lengths = gather_lengths(len(packed), self.sp)
         if min(lengths) < self.sp.size:
-            raise ValueError(f"packed lengths {lengths} of the SP group: every micro-batch needs at least "
-                             f"sp_size={self.sp.size} tokens")
+            raise ValueError(
+                f"packed lengths {lengths} of the SP group: every micro-batch needs at least "
+                f"sp_size={self.sp.size} tokens"
+            )
         longest = max(lengths)
         fills = (0, 0, IGNORE_INDEX)
-        own = [torch.cat([t, t.new_full((longest - len(packed),), f)])
-               for t, f in zip((packed.input_ids, packed.positions, packed.labels), fills)]
+        own = [
+            torch.cat([t, t.new_full((longest - len(packed),), f)])
+            for t, f in zip((packed.input_ids, packed.positions, packed.labels), fills)
+        ]
         stacked = gather_sequence_no_grad(torch.stack(own)[None], self.sp)  # [n, 3, longest]
-        members = [[pad_to_multiple(stacked[j, k, :lengths[j]], self.sp.size, fills[k]) for k in range(3)]
-                   for j in range(self.sp.size)]
+        members = [
+            [pad_to_multiple(stacked[j, k, : lengths[j]], self.sp.size, fills[k]) for k in range(3)]
+            for j in range(self.sp.size)
+        ]
         return packed, lengths, members
 
     def _owner_logps(self, model, ids, positions, labels):
@@ -180,8 +191,10 @@ def prepare_context_parallel(accelerator, model, plugin: ContextParallelPlugin |
     plugin.check_world(_world_size(accelerator))
     plugin.check_model(module.config)
     if getattr(module, "is_activation_checkpointing", False):
-        raise ValueError("gradient checkpointing recomputes attention outside the sharded forward; disable "
-                         "it (context parallelism already divides activation memory by sp_size)")
+        raise ValueError(
+            "gradient checkpointing recomputes attention outside the sharded forward; disable "
+            "it (context parallelism already divides activation memory by sp_size)"
+        )
     _check_gradients_are_synchronised(model, module, _world_size(accelerator))
     attention = register_ulysses_attention(plugin.inner_attention)
     module.set_attn_implementation(attention)

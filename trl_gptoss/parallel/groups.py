@@ -34,8 +34,7 @@ def build_sequence_parallel_group(sp_size: int) -> SequenceParallelGroup:
     if sp_size == 1:
         return SequenceParallelGroup.single()
     if not dist.is_initialized():
-        raise ValueError("sp_size > 1 needs torch.distributed to be initialised "
-                         "(launch with accelerate or torchrun)")
+        raise ValueError("sp_size > 1 needs torch.distributed to be initialised (launch with accelerate or torchrun)")
     world, rank = dist.get_world_size(), dist.get_rank()
     if world % sp_size:
         raise ValueError(f"sp_size={sp_size} must divide the world size {world}")

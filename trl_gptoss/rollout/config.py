@@ -28,10 +28,12 @@ class RolloutConfig:
     top_k: int = field(default=-1, metadata={"help": "Top-k sampling, -1 = off; keep -1 for exact logprobs."})
     seed: int | None = field(
         default=0,
-        metadata={"help": "Base seed: conversation i, turn t samples with seed derive_seed(seed, i, t). "
-                          "Change it every training step, and per process when several processes roll out the "
-                          "same prompts (e.g. (base + step) * world_size + rank), or their samples coincide; "
-                          "None = the engine's own stream."},
+        metadata={
+            "help": "Base seed: conversation i, turn t samples with seed derive_seed(seed, i, t). "
+            "Change it every training step, and per process when several processes roll out the "
+            "same prompts (e.g. (base + step) * world_size + rank), or their samples coincide; "
+            "None = the engine's own stream."
+        },
     )
     max_concurrent_tools: int = field(
         default=4, metadata={"help": "Tool calls running at once (worker threads; sandbox calls are processes)."}
@@ -41,13 +43,17 @@ class RolloutConfig:
     )
     python_builtin: bool = field(
         default=True,
-        metadata={"help": "Declare a PythonTool as GPT-OSS's builtin `python` tool (system message) rather "
-                          "than as `functions.python`. Calls to either recipient are served either way."},
+        metadata={
+            "help": "Declare a PythonTool as GPT-OSS's builtin `python` tool (system message) rather "
+            "than as `functions.python`. Calls to either recipient are served either way."
+        },
     )
     python_stateful: bool = field(
         default=True,
-        metadata={"help": "Each conversation's python calls share state like notebook cells, as the builtin "
-                          "tool's description promises (earlier cells are replayed with output suppressed)."},
+        metadata={
+            "help": "Each conversation's python calls share state like notebook cells, as the builtin "
+            "tool's description promises (earlier cells are replayed with output suppressed)."
+        },
     )
     system: SystemContent | None = field(
         default=None, metadata={"help": "System message for conversation prompts (None: Harmony's default)."}
@@ -58,10 +64,12 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.max_turns must be an int in [1, 1000], got {self.max_turns!r}")
         if not isinstance(self.max_completion_tokens, int) or self.max_completion_tokens < 1:
             raise ValueError(
-                f"RolloutConfig.max_completion_tokens must be a positive int, got {self.max_completion_tokens!r}")
+                f"RolloutConfig.max_completion_tokens must be a positive int, got {self.max_completion_tokens!r}"
+            )
         if not self.temperature > 0:
-            raise ValueError(f"RolloutConfig.temperature must be > 0 (use a small value for near-greedy), "
-                             f"got {self.temperature!r}")
+            raise ValueError(
+                f"RolloutConfig.temperature must be > 0 (use a small value for near-greedy), got {self.temperature!r}"
+            )
         if not 0 < self.top_p <= 1:
             raise ValueError(f"RolloutConfig.top_p must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k != -1):
@@ -70,13 +78,18 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.seed must be None or a non-negative int, got {self.seed!r}")
         if not isinstance(self.max_concurrent_tools, int) or self.max_concurrent_tools < 1:
             raise ValueError(
-                f"RolloutConfig.max_concurrent_tools must be a positive int, got {self.max_concurrent_tools!r}")
+                f"RolloutConfig.max_concurrent_tools must be a positive int, got {self.max_concurrent_tools!r}"
+            )
         if not isinstance(self.tool_output_max_chars, int) or self.tool_output_max_chars < 200:
-            raise ValueError(f"RolloutConfig.tool_output_max_chars must be an int >= 200 (room for a notice), "
-                             f"got {self.tool_output_max_chars!r}")
+            raise ValueError(
+                f"RolloutConfig.tool_output_max_chars must be an int >= 200 (room for a notice), "
+                f"got {self.tool_output_max_chars!r}"
+            )
         if self.system is not None and not isinstance(self.system, SystemContent):
-            raise ValueError(f"RolloutConfig.system must be a trl_gptoss.harmony.SystemContent or None, "
-                             f"got {type(self.system).__name__}")
+            raise ValueError(
+                f"RolloutConfig.system must be a trl_gptoss.harmony.SystemContent or None, "
+                f"got {type(self.system).__name__}"
+            )
 
 
 def derive_seed(base: int | None, conversation: int, turn: int) -> int | None:

@@ -25,8 +25,9 @@ from trl_gptoss.rollout.types import GenerationRequest, Rollout, RolloutEngine
 from trl_gptoss.tools import PythonTool
 
 
-def run_rollouts(engine: RolloutEngine, prompts, *, tokenizer, tools=(), config: RolloutConfig | None = None
-                 ) -> list[Rollout]:
+def run_rollouts(
+    engine: RolloutEngine, prompts, *, tokenizer, tools=(), config: RolloutConfig | None = None
+) -> list[Rollout]:
     """Roll out every prompt to the end (final answer, turn limit, token budget or unreadable output).
 
     ``prompts``: conversations (lists of chat dicts / harmony ``Message``s, rendered with ``tools`` and
@@ -42,8 +43,9 @@ def run_rollouts(engine: RolloutEngine, prompts, *, tokenizer, tools=(), config:
     raise RuntimeError("run_rollouts() was called inside a running event loop; use `await arun_rollouts(...)`")
 
 
-async def arun_rollouts(engine: RolloutEngine, prompts, *, tokenizer, tools=(), config: RolloutConfig | None = None
-                        ) -> list[Rollout]:
+async def arun_rollouts(
+    engine: RolloutEngine, prompts, *, tokenizer, tools=(), config: RolloutConfig | None = None
+) -> list[Rollout]:
     """The async form of ``run_rollouts``: one task per conversation, all on the running loop."""
     config = config if config is not None else RolloutConfig()
     context = _engine_context(engine)
@@ -52,12 +54,15 @@ async def arun_rollouts(engine: RolloutEngine, prompts, *, tokenizer, tools=(), 
     prompt_ids = [_prompt_ids(p, i, codec, tools, config) for i, p in enumerate(prompts)]
     for index, ids in enumerate(prompt_ids):
         if len(ids) >= context:
-            raise ValueError(f"prompt {index} has {len(ids)} tokens, which leaves no room for a completion in the "
-                             f"engine's context (max_model_len={context}); shorten it or serve a longer context")
+            raise ValueError(
+                f"prompt {index} has {len(ids)} tokens, which leaves no room for a completion in the "
+                f"engine's context (max_model_len={context}); shorten it or serve a longer context"
+            )
     with ThreadPoolExecutor(max_workers=config.max_concurrent_tools, thread_name_prefix="rollout-tool") as pool:
         toolbox = ToolBox(tools, executor=pool, python_stateful=config.python_stateful)
-        conversations = [_Conversation(i, ids, engine, context, codec, toolbox, config)
-                         for i, ids in enumerate(prompt_ids)]
+        conversations = [
+            _Conversation(i, ids, engine, context, codec, toolbox, config) for i, ids in enumerate(prompt_ids)
+        ]
         tasks = [asyncio.create_task(c.run(), name=f"rollout-{c.index}") for c in conversations]
         try:
             return list(await asyncio.gather(*tasks))
@@ -88,14 +93,22 @@ def _prompt_ids(prompt, index: int, codec, tools, config: RolloutConfig) -> list
     if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         ids = list(prompt)
         header = _assistant_header(codec)
-        if ids[-len(header):] != header:
-            raise ValueError(f"token-id prompt {index} must end with <|start|>assistant (render it with "
-                             "add_generation_prompt=True); the completion is parsed as an assistant message")
+        if ids[-len(header) :] != header:
+            raise ValueError(
+                f"token-id prompt {index} must end with <|start|>assistant (render it with "
+                "add_generation_prompt=True); the completion is parsed as an assistant message"
+            )
         return ids
     python_builtin = config.python_builtin and any(isinstance(t, PythonTool) for t in tools)
     functions = [t for t in tools if not (python_builtin and isinstance(t, PythonTool))]
-    return render_conversation(list(prompt), codec, tools=functions, system=config.system,
-                               python_tool=python_builtin, add_generation_prompt=True)
+    return render_conversation(
+        list(prompt),
+        codec,
+        tools=functions,
+        system=config.system,
+        python_tool=python_builtin,
+        add_generation_prompt=True,
+    )
 
 
 class _Conversation:
@@ -107,10 +120,19 @@ class _Conversation:
         self.sessions = toolbox.new_sessions()
         self.limit = min(config.max_completion_tokens, context - len(prompt_ids))  # completion tokens allowed
         self.call_id, self.return_id = codec.special(CALL), codec.special(RETURN)
-        self.rollout = Rollout(prompt_ids=list(prompt_ids), completion_ids=[], completion_mask=[], logprobs=[],
-                               messages=[], final_answer=None, num_turns=0, num_tool_calls=0, num_tool_errors=0,
-                               stop_reason="length",
-                               timings={"generate_s": 0.0, "tool_s": 0.0, "total_s": 0.0})
+        self.rollout = Rollout(
+            prompt_ids=list(prompt_ids),
+            completion_ids=[],
+            completion_mask=[],
+            logprobs=[],
+            messages=[],
+            final_answer=None,
+            num_turns=0,
+            num_tool_calls=0,
+            num_tool_errors=0,
+            stop_reason="length",
+            timings={"generate_s": 0.0, "tool_s": 0.0, "total_s": 0.0},
+        )
 
     async def run(self) -> Rollout:
         start = time.perf_counter()
@@ -128,16 +150,23 @@ class _Conversation:
         if room < 1:
             return "length"
         request = GenerationRequest(
-            prompt_ids=r.prompt_ids + r.completion_ids, max_new_tokens=room, temperature=config.temperature,
-            top_p=config.top_p, top_k=config.top_k, seed=derive_seed(config.seed, self.index, r.num_turns),
-            stop_token_ids=(self.return_id, self.call_id))
+            prompt_ids=r.prompt_ids + r.completion_ids,
+            max_new_tokens=room,
+            temperature=config.temperature,
+            top_p=config.top_p,
+            top_k=config.top_k,
+            seed=derive_seed(config.seed, self.index, r.num_turns),
+            stop_token_ids=(self.return_id, self.call_id),
+        )
         t0 = time.perf_counter()
         generation = await self.engine.generate(request)
         r.timings["generate_s"] += time.perf_counter() - t0
         tokens = list(generation.token_ids)
         if not 1 <= len(tokens) <= room:
-            raise RuntimeError(f"engine returned {len(tokens)} tokens for max_new_tokens={room} (conversation "
-                               f"{self.index}, turn {r.num_turns}); it breaks the RolloutEngine contract")
+            raise RuntimeError(
+                f"engine returned {len(tokens)} tokens for max_new_tokens={room} (conversation "
+                f"{self.index}, turn {r.num_turns}); it breaks the RolloutEngine contract"
+            )
         r.completion_ids += tokens
         r.completion_mask += [1] * len(tokens)
         r.logprobs += [float(x) for x in generation.logprobs]
@@ -170,8 +199,13 @@ class _Conversation:
         if not result.ok:
             r.num_tool_errors += 1
             r.errors.append(f"turn {r.num_turns}: tool {call.recipient}: {result.stderr.strip()[:200]}")
-        reply = Message("tool", result.render(self.config.tool_output_max_chars), channel=call.channel or "commentary",
-                        recipient="assistant", name=call.recipient)
+        reply = Message(
+            "tool",
+            result.render(self.config.tool_output_max_chars),
+            channel=call.channel or "commentary",
+            recipient="assistant",
+            name=call.recipient,
+        )
         inserted = render_message(reply, self.codec) + _assistant_header(self.codec)
         if len(r.completion_ids) + len(inserted) >= self.limit:
             return "length"  # no room left to append the reply and sample at least one token after it

@@ -20,7 +20,7 @@ import json
 from trl_gptoss.tools import PythonTool, ToolResult
 
 # Runs inside the sandbox. Names start with an underscore so that model code rarely collides with them.
-_NOTEBOOK_TEMPLATE = '''\
+_NOTEBOOK_TEMPLATE = """\
 import ast as _ast, io as _io, linecache as _lc, os as _os, sys as _sys, traceback as _tb
 _CELLS = {cells}
 _NS = {{"__name__": "__main__", "__builtins__": __builtins__}}
@@ -68,7 +68,7 @@ except BaseException as _e:
         _t = _t.tb_next  # hide this wrapper's frames: the model sees its own code only
     _tb.print_exception(type(_e), _e, _t)
     _sys.exit(1)
-'''
+"""
 
 
 def notebook_program(earlier_cells: list[str], code: str) -> str:

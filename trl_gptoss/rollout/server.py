@@ -60,7 +60,8 @@ def vllm_python() -> Path:
             return candidate
     raise FileNotFoundError(
         f"no vLLM interpreter found (looked at ${VLLM_PYTHON_ENV}, this interpreter on CUDA, and "
-        f"{_REPO_ROOT / '.venv-vllm'}); create the CPU one with `make setup-vllm`")
+        f"{_REPO_ROOT / '.venv-vllm'}); create the CPU one with `make setup-vllm`"
+    )
 
 
 def free_port() -> int:
@@ -88,10 +89,21 @@ class VLLMServer:
     (default: ``"cuda"`` when this interpreter has vLLM and a GPU). ``extra_args`` are appended verbatim.
     """
 
-    def __init__(self, model, *, port: int | None = None, host: str = "127.0.0.1", max_model_len: int = 2048,
-                 max_num_seqs: int = 16, device: str | None = None, dtype: str | None = None,
-                 kv_cache_gib: int = 1, gpu_memory_utilization: float = 0.3, extra_args=(),
-                 startup_timeout: float = 900.0):
+    def __init__(
+        self,
+        model,
+        *,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        max_model_len: int = 2048,
+        max_num_seqs: int = 16,
+        device: str | None = None,
+        dtype: str | None = None,
+        kv_cache_gib: int = 1,
+        gpu_memory_utilization: float = 0.3,
+        extra_args=(),
+        startup_timeout: float = 900.0,
+    ):
         self.model_dir = str(Path(model).resolve())
         if not Path(self.model_dir, "config.json").is_file():
             raise ValueError(f"model_dir {self.model_dir} has no config.json; save a checkpoint there first")
@@ -112,12 +124,30 @@ class VLLMServer:
         self.log_path = Path(log_name)
 
     def _server_args(self, max_model_len, max_num_seqs, dtype, gpu_memory_utilization, extra_args) -> list[str]:
-        args = ["--model", self.model_dir, "--host", self.host, "--port", str(self.port),
-                "--dtype", dtype or ("float32" if self.device == "cpu" else "auto"),
-                "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
-                "--gpu-memory-utilization", str(gpu_memory_utilization), "--seed", "0",
-                "--logprobs-mode", "processed_logprobs", "--max-logprobs", "20",
-                "--worker-extension-cls", WORKER_EXTENSION_CLS]
+        args = [
+            "--model",
+            self.model_dir,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--dtype",
+            dtype or ("float32" if self.device == "cpu" else "auto"),
+            "--max-model-len",
+            str(max_model_len),
+            "--max-num-seqs",
+            str(max_num_seqs),
+            "--gpu-memory-utilization",
+            str(gpu_memory_utilization),
+            "--seed",
+            "0",
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--max-logprobs",
+            "20",
+            "--worker-extension-cls",
+            WORKER_EXTENSION_CLS,
+        ]
         if self.device == "cpu":
             args.append("--enforce-eager")
         else:
@@ -125,8 +155,13 @@ class VLLMServer:
         return args + [str(a) for a in extra_args]
 
     def _server_env(self, kv_cache_gib: int) -> dict:
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_LEVEL": "WARNING",
-               "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false"}
+        env = {
+            **os.environ,
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_LOGGING_LEVEL": "WARNING",
+            "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+            "TOKENIZERS_PARALLELISM": "false",
+        }
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKER_EXTENSION_DIR), env.get("PYTHONPATH")]))
         if self.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
@@ -142,9 +177,14 @@ class VLLMServer:
             raise RuntimeError(f"vLLM server at {self.base_url} is already running")
         started = time.monotonic()
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, env=self._env,
-                                            start_new_session=True)  # own process group: stop() kills workers
+            self.process = subprocess.Popen(
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self._env,
+                start_new_session=True,
+            )  # own process group: stop() kills workers
         try:
             self._wait_healthy()
         except BaseException:
@@ -157,8 +197,9 @@ class VLLMServer:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"vLLM server exited with {self.process.returncode} during start-up:\n"
-                                   f"{self.log_tail()}")
+                raise RuntimeError(
+                    f"vLLM server exited with {self.process.returncode} during start-up:\n{self.log_tail()}"
+                )
             with contextlib.suppress(OSError), urllib.request.urlopen(f"{self.base_url}/health", timeout=5) as r:
                 if r.status == 200:
                     return
@@ -203,8 +244,11 @@ def serve_forever(server: VLLMServer) -> int:
     (the server runs in its own session, so without this a killed launcher would orphan it)."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with server:
-        print(f"vLLM serving {server.model_dir} at {server.base_url} "
-              f"(ready in {server.startup_seconds:.1f}s; log {server.log_path})", flush=True)
+        print(
+            f"vLLM serving {server.model_dir} at {server.base_url} "
+            f"(ready in {server.startup_seconds:.1f}s; log {server.log_path})",
+            flush=True,
+        )
         try:
             return server.process.wait()
         except KeyboardInterrupt:

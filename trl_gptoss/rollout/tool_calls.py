@@ -20,8 +20,9 @@ BUILTIN_PYTHON = "python"
 
 def error_result(text: str) -> ToolResult:
     """A result that carries only an error message (shown to the model as the tool's reply)."""
-    return ToolResult(stdout="", stderr=text, exit_code=None, timed_out=False, truncated=False, wall_time=0.0,
-                      isolation="none")
+    return ToolResult(
+        stdout="", stderr=text, exit_code=None, timed_out=False, truncated=False, wall_time=0.0, isolation="none"
+    )
 
 
 class ToolBox:

@@ -81,8 +81,10 @@ class TransformersEngine:
     def _check(self, request: GenerationRequest) -> None:
         total = len(request.prompt_ids) + request.max_new_tokens
         if total > self.max_model_len:
-            raise ValueError(f"prompt ({len(request.prompt_ids)} tokens) + max_new_tokens "
-                             f"({request.max_new_tokens}) = {total} exceeds max_model_len={self.max_model_len}")
+            raise ValueError(
+                f"prompt ({len(request.prompt_ids)} tokens) + max_new_tokens "
+                f"({request.max_new_tokens}) = {total} exceeds max_model_len={self.max_model_len}"
+            )
         bad = [t for t in request.prompt_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the model's vocabulary [0, {self.vocab_size})")
@@ -90,7 +92,7 @@ class TransformersEngine:
     async def _drain(self) -> None:
         """Run pending requests batch by batch until none is left; the model runs in a worker thread."""
         while self._pending:
-            batch, self._pending = self._pending[:self.max_batch_size], self._pending[self.max_batch_size:]
+            batch, self._pending = self._pending[: self.max_batch_size], self._pending[self.max_batch_size :]
             batch = [(req, fut) for req, fut in batch if not fut.cancelled()]
             if not batch:
                 continue
@@ -127,8 +129,13 @@ class TransformersEngine:
         top_p = torch.tensor([r.request.top_p for r in rows], device=device)
         cache = None
         while any(r.finish_reason is None for r in rows):
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=cache, use_cache=True)
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=True,
+            )
             cache = out.past_key_values
             logprobs = processed_logprobs(out.logits[:, -1, :], temperature, top_k, top_p)
             # one uniform per row per step, from the row's own stream, drawn even for finished rows' slots
@@ -149,8 +156,8 @@ def _left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tens
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for i, prompt in enumerate(prompts):
-        ids[i, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-        mask[i, width - len(prompt):] = 1
+        ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        mask[i, width - len(prompt) :] = 1
     return ids.to(device), mask.to(device)
 
 

@@ -26,10 +26,21 @@ class VLLMServerError(RuntimeError):
 def completion_payload(model: str, request: GenerationRequest) -> dict:
     """``/v1/completions`` body for one request: token-id prompt, sampled-token log-probs, only the request's
     stop ids end sampling (``ignore_eos``: the in-process engine follows the same rule)."""
-    payload = {"model": model, "prompt": [int(t) for t in request.prompt_ids], "max_tokens": request.max_new_tokens,
-               "temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k, "n": 1,
-               "logprobs": 0, "stop_token_ids": [int(t) for t in request.stop_token_ids], "ignore_eos": True,
-               "return_tokens_as_token_ids": True, "return_token_ids": True, "skip_special_tokens": False}
+    payload = {
+        "model": model,
+        "prompt": [int(t) for t in request.prompt_ids],
+        "max_tokens": request.max_new_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "top_k": request.top_k,
+        "n": 1,
+        "logprobs": 0,
+        "stop_token_ids": [int(t) for t in request.stop_token_ids],
+        "ignore_eos": True,
+        "return_tokens_as_token_ids": True,
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+    }
     if request.seed is not None:
         payload["seed"] = int(request.seed)
     return payload
@@ -57,9 +68,17 @@ class VLLMServerEngine:
     ``max_concurrency``: requests in flight at once from this process (the thread pool's size).
     """
 
-    def __init__(self, base_url: str, model: str | None = None, *, timeout: float = 300.0,
-                 connect_timeout: float = 5.0, max_retries: int = 3, backoff: float = 0.5,
-                 max_concurrency: int = 64):
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        *,
+        timeout: float = 300.0,
+        connect_timeout: float = 5.0,
+        max_retries: int = 3,
+        backoff: float = 0.5,
+        max_concurrency: int = 64,
+    ):
         if max_retries < 0 or timeout <= 0 or connect_timeout <= 0:
             raise ValueError("max_retries must be >= 0 and the timeouts > 0")
         self.base_url = base_url.rstrip("/")
@@ -91,8 +110,9 @@ class VLLMServerEngine:
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
             try:
-                response = self._session().request(method, url, json=payload,
-                                                   timeout=(self.connect_timeout, timeout or self.timeout))
+                response = self._session().request(
+                    method, url, json=payload, timeout=(self.connect_timeout, timeout or self.timeout)
+                )
             except (requests.ConnectionError, requests.Timeout) as exc:
                 last_error = f"{type(exc).__name__}: {exc}"
                 self._local.__dict__.pop("session", None)  # a broken keep-alive connection is not reused
@@ -116,8 +136,10 @@ class VLLMServerEngine:
     def generate_sync(self, request: GenerationRequest) -> Generation:
         total = len(request.prompt_ids) + request.max_new_tokens
         if total > self.max_model_len:
-            raise ValueError(f"prompt ({len(request.prompt_ids)} tokens) + max_new_tokens "
-                             f"({request.max_new_tokens}) = {total} exceeds max_model_len={self.max_model_len}")
+            raise ValueError(
+                f"prompt ({len(request.prompt_ids)} tokens) + max_new_tokens "
+                f"({request.max_new_tokens}) = {total} exceeds max_model_len={self.max_model_len}"
+            )
         answer = self.request("POST", "/v1/completions", completion_payload(self.model, request))
         (choice,) = answer["choices"]
         return generation_from_choice(choice)

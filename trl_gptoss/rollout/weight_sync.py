@@ -49,7 +49,7 @@ def checkpoint_name(name: str) -> str | None:
     if "lora_" in name or ".original_module." in name:  # adapters; the frozen copy of a modules_to_save module
         return None
     if name.startswith(_PEFT_PREFIX):
-        name = name[len(_PEFT_PREFIX):]
+        name = name[len(_PEFT_PREFIX) :]
     # PEFT nests one ``base_layer`` per wrapped parameter (experts with LoRA on gate_up_proj AND down_proj)
     return _BASE_LAYER_RE.sub(".", _MODULES_TO_SAVE_RE.sub(".", name))
 
@@ -69,11 +69,13 @@ def pushed_tensors(model) -> Iterator[Iterator[tuple[str, torch.Tensor]]]:
     """
     model = unwrap(model)
     with _merged(model), torch.no_grad():
+
         def tensors():
             for name, param in model.named_parameters():
                 target = checkpoint_name(name)
                 if target is not None:
                     yield target, param.detach()
+
         yield tensors()
 
 
@@ -100,11 +102,15 @@ def copy_weights_into(target: torch.nn.Module, source) -> None:
             if name not in params:
                 raise ValueError(f"weight push: parameter {name!r} does not exist in the engine's model")
             if params[name].shape != tensor.shape:
-                raise ValueError(f"weight push: parameter {name!r} has shape {tuple(tensor.shape)} but the "
-                                 f"engine's model expects {tuple(params[name].shape)}")
+                raise ValueError(
+                    f"weight push: parameter {name!r} has shape {tuple(tensor.shape)} but the "
+                    f"engine's model expects {tuple(params[name].shape)}"
+                )
             params[name].copy_(tensor)
             seen.add(name)
     missing = sorted(set(params) - seen)
     if missing:
-        raise ValueError(f"weight push: the pushed model has no parameter {missing[0]!r} "
-                         f"({len(missing)} engine parameters were not pushed)")
+        raise ValueError(
+            f"weight push: the pushed model has no parameter {missing[0]!r} "
+            f"({len(missing)} engine parameters were not pushed)"
+        )

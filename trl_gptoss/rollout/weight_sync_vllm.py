@@ -48,12 +48,13 @@ def check_layout(model, served: dict[str, list[int]]) -> None:
         if name not in served:
             raise ValueError(f"weight push: parameter {name!r} does not exist in the served checkpoint")
         if served[name] != shape:
-            raise ValueError(f"weight push: parameter {name!r} has shape {shape} but the server expects "
-                             f"{served[name]}")
+            raise ValueError(f"weight push: parameter {name!r} has shape {shape} but the server expects {served[name]}")
     missing = sorted(set(served) - set(pushed))
     if missing:
-        raise ValueError(f"weight push: the served checkpoint has {missing[0]!r} which the pushed model lacks "
-                         f"({len(missing)} missing)")
+        raise ValueError(
+            f"weight push: the served checkpoint has {missing[0]!r} which the pushed model lacks "
+            f"({len(missing)} missing)"
+        )
 
 
 class HTTPWeightPusher:
@@ -78,8 +79,12 @@ class HTTPWeightPusher:
                     server_seconds[key] += value
         self.engine.request("POST", "/reset_prefix_cache")
         seconds = time.perf_counter() - started
-        self.last_push = {"bytes": sent, "seconds": seconds, "gb_per_s": sent / 1e9 / seconds,
-                          "server_seconds": server_seconds}
+        self.last_push = {
+            "bytes": sent,
+            "seconds": seconds,
+            "gb_per_s": sent / 1e9 / seconds,
+            "server_seconds": server_seconds,
+        }
 
     def _apply(self, tensors: dict[str, torch.Tensor]) -> dict[str, float]:
         """Send one group; returns the first worker's time split (read / reload / direct load + repack)."""
@@ -118,13 +123,19 @@ class NCCLWeightPusher:
         self.engine = engine
         self.layout = info["layout"]
         world_size = engine.request("GET", "/get_world_size")["world_size"] + 1
-        init_info = {"master_address": get_ip(), "master_port": group_port, "rank_offset": 1,
-                     "world_size": world_size, "packed": True}
+        init_info = {
+            "master_address": get_ip(),
+            "master_port": group_port,
+            "rank_offset": 1,
+            "world_size": world_size,
+            "packed": True,
+        }
         torch.cuda.set_device(torch.device("cuda", device) if isinstance(device, int) else torch.device(device))
         # the server blocks in the rendezvous while answering, so its request runs beside ours
         self.communicator = self._concurrently(
             lambda: engine.request("POST", "/init_weight_transfer_engine", {"init_info": init_info}),
-            lambda: trainer_init(init_info))
+            lambda: trainer_init(init_info),
+        )
         self.last_push: dict = {}
 
     @staticmethod
@@ -140,8 +151,12 @@ class NCCLWeightPusher:
     def _broadcast(self, server_call, named: list[tuple[str, torch.Tensor]]) -> None:
         from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
 
-        self._concurrently(server_call, lambda: packed_nccl_broadcast_producer(
-            iterator=iter(named), group=self.communicator, src=0, post_iter_func=lambda item: item[1]))
+        self._concurrently(
+            server_call,
+            lambda: packed_nccl_broadcast_producer(
+                iterator=iter(named), group=self.communicator, src=0, post_iter_func=lambda item: item[1]
+            ),
+        )
 
     def push(self, model) -> None:
         check_layout(model, self.layout)
@@ -154,12 +169,20 @@ class NCCLWeightPusher:
                 direct = [(n, t) for n, t in group if loads_directly(n)]
                 if via_reload:
                     self.engine.request("POST", "/start_weight_update", {})
-                    self._broadcast(lambda g=via_reload: self.engine.request(
-                        "POST", "/update_weights", {"update_info": _update_info(g)}), via_reload)
+                    self._broadcast(
+                        lambda g=via_reload: self.engine.request(
+                            "POST", "/update_weights", {"update_info": _update_info(g)}
+                        ),
+                        via_reload,
+                    )
                     self.engine.request("POST", "/finish_weight_update", {})
                 if direct:
-                    self._broadcast(lambda g=direct: collective_rpc(
-                        self.engine, "gptoss_receive_direct_nccl", json.dumps(_update_info(g))), direct)
+                    self._broadcast(
+                        lambda g=direct: collective_rpc(
+                            self.engine, "gptoss_receive_direct_nccl", json.dumps(_update_info(g))
+                        ),
+                        direct,
+                    )
         self.engine.request("POST", "/reset_prefix_cache")
         seconds = time.perf_counter() - started
         self.last_push = {"bytes": sent, "seconds": seconds, "gb_per_s": sent / 1e9 / seconds}
@@ -170,8 +193,11 @@ class NCCLWeightPusher:
 
 
 def _update_info(named) -> dict:
-    return {"names": [n for n, _ in named], "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in named],
-            "shapes": [list(t.shape) for _, t in named]}
+    return {
+        "names": [n for n, _ in named],
+        "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in named],
+        "shapes": [list(t.shape) for _, t in named],
+    }
 
 
 def weight_pusher_for(engine):

@@ -48,8 +48,15 @@ class ScriptedEngine:
     and fits reads as an engine-side end of sequence (``"stop"``). Past the end of a script it raises.
     """
 
-    def __init__(self, tokenizer, scripts: dict[tuple[int, ...], list[list[int]]], *, max_model_len: int = 4096,
-                 delay_s: float = 0.0, delay_per_token_s: float = 0.0):
+    def __init__(
+        self,
+        tokenizer,
+        scripts: dict[tuple[int, ...], list[list[int]]],
+        *,
+        max_model_len: int = 4096,
+        delay_s: float = 0.0,
+        delay_per_token_s: float = 0.0,
+    ):
         self.codec = codec_for(tokenizer)
         self.scripts = {tuple(prompt): [list(turn) for turn in turns] for prompt, turns in scripts.items()}
         self.max_model_len = max_model_len
@@ -59,11 +66,11 @@ class ScriptedEngine:
         self.max_active = 0
 
     def _script_for(self, prompt_ids: list[int]) -> tuple[list[list[int]], int]:
-        matches = [p for p in self.scripts if tuple(prompt_ids[:len(p)]) == p]
+        matches = [p for p in self.scripts if tuple(prompt_ids[: len(p)]) == p]
         if not matches:
             raise KeyError(f"no script registered for a prompt starting with {prompt_ids[:12]}...")
         prompt = max(matches, key=len)
-        turn = prompt_ids[len(prompt):].count(self.codec.special(CALL))
+        turn = prompt_ids[len(prompt) :].count(self.codec.special(CALL))
         return self.scripts[prompt], turn
 
     async def generate(self, request: GenerationRequest) -> Generation:
@@ -83,11 +90,11 @@ class ScriptedEngine:
 
     @staticmethod
     def _cut(script: list[int], request: GenerationRequest) -> tuple[list[int], str]:
-        for i, token in enumerate(script[:request.max_new_tokens]):
+        for i, token in enumerate(script[: request.max_new_tokens]):
             if token in request.stop_token_ids:
-                return script[:i + 1], "stop"
+                return script[: i + 1], "stop"
         if len(script) > request.max_new_tokens:
-            return script[:request.max_new_tokens], "length"
+            return script[: request.max_new_tokens], "length"
         return list(script), "stop"
 
     def push_weights(self, model) -> None:

@@ -26,8 +26,14 @@ from trl_gptoss.harmony.tokens import NAMED_SPECIAL_TOKENS
 
 SMALL_VOCAB_SIZE = 512
 
-__all__ = ["O200K_SHA256", "SMALL_VOCAB_SIZE", "harmony_tokenizer", "o200k_encodings_dir",
-           "small_tokenizer_file", "use_offline_harmony_vocab"]
+__all__ = [
+    "O200K_SHA256",
+    "SMALL_VOCAB_SIZE",
+    "harmony_tokenizer",
+    "o200k_encodings_dir",
+    "small_tokenizer_file",
+    "use_offline_harmony_vocab",
+]
 
 
 def _small_corpus() -> list[str]:
@@ -43,13 +49,19 @@ def small_tokenizer_file() -> Path:
     if target.exists():
         return target
     backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(O200K_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(O200K_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=SMALL_VOCAB_SIZE, special_tokens=list(NAMED_SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=SMALL_VOCAB_SIZE,
+        special_tokens=list(NAMED_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     backend.train_from_iterator(_small_corpus(), trainer=trainer)
     atomic_write(target, backend.to_str().encode())
     return target
@@ -61,4 +73,3 @@ def harmony_tokenizer(small: bool = False):
     if not isinstance(small, bool):
         raise ValueError(f"small must be True or False, got {small!r}")
     return load_harmony_tokenizer(small_tokenizer_file()) if small else real_harmony_tokenizer()
-

@@ -27,8 +27,7 @@ class ToolTrajectory:
 
 def prompt_ids(tokenizer, text: str) -> list[int]:
     """A short prompt (no system message, to keep sequences tiny) ending in ``<|start|>assistant``."""
-    return render_conversation([{"role": "user", "content": text}], tokenizer, system=False,
-                               add_generation_prompt=True)
+    return render_conversation([{"role": "user", "content": text}], tokenizer, system=False, add_generation_prompt=True)
 
 
 def trajectory_messages(trajectory: ToolTrajectory) -> list[Message]:
@@ -52,7 +51,7 @@ def trajectory_turns(tokenizer, trajectory: ToolTrajectory) -> tuple[list[int], 
         if message.role == "tool":
             pieces.append((render_message(message, tokenizer) + header, False))
         else:
-            pieces.append((render_message(message, tokenizer)[len(header):], True))
+            pieces.append((render_message(message, tokenizer)[len(header) :], True))
     pieces[-1][0][-1] = tokenizer.convert_tokens_to_ids("<|return|>")  # the final answer ends the rollout
     conversation = [{"role": "user", "content": trajectory.prompt}, *messages]
     full = render_conversation(conversation, tokenizer, system=False, for_training=True, drop_analysis=False)
@@ -69,8 +68,9 @@ def trajectory_ids(tokenizer, trajectory: ToolTrajectory) -> tuple[list[int], li
     return prompt, completion, mask
 
 
-def overfit(model, tokenizer, trajectories, *, steps: int = 300, lr: float = 2e-3, seed: int = 0,
-            check_every: int = 0) -> list[float]:
+def overfit(
+    model, tokenizer, trajectories, *, steps: int = 300, lr: float = 2e-3, seed: int = 0, check_every: int = 0
+) -> list[float]:
     """Train ``model`` (in place, full batch, AdamW) on the sampled tokens of ``trajectories``; returns losses.
 
     Loss: mean next-token cross-entropy over the tokens the model will sample (``completion_mask`` 1), as an
@@ -84,9 +84,9 @@ def overfit(model, tokenizer, trajectories, *, steps: int = 300, lr: float = 2e-
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
     attention = torch.zeros((len(rows), width), dtype=torch.long)
     for i, (p, c, m) in enumerate(rows):
-        ids[i, :len(p) + len(c)] = torch.tensor(p + c)
-        labels[i, len(p):len(p) + len(c)] = torch.tensor([t if keep else -100 for t, keep in zip(c, m)])
-        attention[i, :len(p) + len(c)] = 1
+        ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+        labels[i, len(p) : len(p) + len(c)] = torch.tensor([t if keep else -100 for t, keep in zip(c, m)])
+        attention[i, : len(p) + len(c)] = 1
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     losses = []

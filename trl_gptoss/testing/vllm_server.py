@@ -30,11 +30,28 @@ class VLLMServer(_RuntimeVLLMServer):
             raise RuntimeError(f"vLLM {path} answered {response.status_code}: {response.text}")
         return response.json()
 
-    def complete(self, prompt_ids, *, max_tokens: int, temperature: float = 1.0, n: int = 1, seed: int | None = 0,
-                 stop_token_ids=(), top_p: float = 1.0, top_k: int = -1) -> list[Generation]:
+    def complete(
+        self,
+        prompt_ids,
+        *,
+        max_tokens: int,
+        temperature: float = 1.0,
+        n: int = 1,
+        seed: int | None = 0,
+        stop_token_ids=(),
+        top_p: float = 1.0,
+        top_k: int = -1,
+    ) -> list[Generation]:
         """Sample ``n`` completions of one token-id prompt (``temperature=0``: greedy)."""
-        request = GenerationRequest(list(prompt_ids), max_tokens, temperature=temperature or 1.0, top_p=top_p,
-                                    top_k=top_k, seed=seed, stop_token_ids=tuple(stop_token_ids))
+        request = GenerationRequest(
+            list(prompt_ids),
+            max_tokens,
+            temperature=temperature or 1.0,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            stop_token_ids=tuple(stop_token_ids),
+        )
         payload = {**completion_payload(self.model_dir, request), "n": n, "temperature": temperature}
         choices = sorted(self.post("/v1/completions", payload)["choices"], key=lambda c: c["index"])
         return [generation_from_choice(c) for c in choices]

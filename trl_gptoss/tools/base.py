@@ -38,9 +38,7 @@ class Tool(ABC):
 
     def __init__(self):
         if not isinstance(getattr(self, "name", None), str) or not _NAME.match(self.name):
-            raise ValueError(
-                f"Tool name must match {_NAME.pattern} (Harmony addresses it as functions.NAME)."
-            )
+            raise ValueError(f"Tool name must match {_NAME.pattern} (Harmony addresses it as functions.NAME).")
         if self.parameters.get("type") != "object":
             raise ValueError(f"Tool {self.name!r}: parameters must be a JSON schema with type 'object'.")
 
@@ -64,9 +62,7 @@ class Tool(ABC):
             except json.JSONDecodeError as exc:
                 raise ValueError(f"Tool {self.name!r}: arguments are not valid JSON ({exc}).") from exc
         if not isinstance(arguments, dict):
-            raise ValueError(
-                f"Tool {self.name!r}: arguments must be a JSON object, got {type(arguments).__name__}."
-            )
+            raise ValueError(f"Tool {self.name!r}: arguments must be a JSON object, got {type(arguments).__name__}.")
         properties = self.parameters.get("properties", {})
         missing = [k for k in self.parameters.get("required", []) if k not in arguments]
         unknown = [k for k in arguments if k not in properties]

@@ -6,8 +6,15 @@ import functools
 import inspect
 import math
 
-_TRL_REWARD_ARGS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
-                    "environments"}
+_TRL_REWARD_ARGS = {
+    "prompts",
+    "completions",
+    "completion_ids",
+    "trainer_state",
+    "log_extra",
+    "log_metric",
+    "environments",
+}
 
 
 def required_reward_columns(reward_func) -> list[str]:
@@ -19,9 +26,13 @@ def required_reward_columns(reward_func) -> list[str]:
         params = inspect.signature(reward_func).parameters.values()
     except (TypeError, ValueError):
         return []
-    return [p.name for p in params
-            if p.default is inspect.Parameter.empty and p.name not in _TRL_REWARD_ARGS
-            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return [
+        p.name
+        for p in params
+        if p.default is inspect.Parameter.empty
+        and p.name not in _TRL_REWARD_ARGS
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
 
 
 def check_dataset(dataset, required: list[str], name: str = "train_dataset") -> None:
@@ -42,23 +53,34 @@ def check_dataset(dataset, required: list[str], name: str = "train_dataset") -> 
             if row.get(field) is None:
                 raise ValueError(f"{name} row {index} is missing field '{field}'")
         prompt = row["prompt"]
-        if not isinstance(prompt, list) or not prompt or not all(
-                isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
-            raise ValueError(f"{name} row {index}: field 'prompt' must be a non-empty list of "
-                             f"{{'role', 'content'}} messages, got {str(prompt)[:120]!r}")
+        if (
+            not isinstance(prompt, list)
+            or not prompt
+            or not all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt)
+        ):
+            raise ValueError(
+                f"{name} row {index}: field 'prompt' must be a non-empty list of "
+                f"{{'role', 'content'}} messages, got {str(prompt)[:120]!r}"
+            )
 
 
 def _check_rewards(name: str, rewards, expected: int) -> None:
     if rewards is None or not hasattr(rewards, "__len__"):
-        raise ValueError(f"reward function '{name}' returned {type(rewards).__name__}, expected a list of "
-                         f"{expected} floats (one per completion)")
+        raise ValueError(
+            f"reward function '{name}' returned {type(rewards).__name__}, expected a list of "
+            f"{expected} floats (one per completion)"
+        )
     if len(rewards) != expected:
-        raise ValueError(f"reward function '{name}' returned {len(rewards)} rewards for {expected} completions; "
-                         "return exactly one per completion (None marks one it cannot score)")
+        raise ValueError(
+            f"reward function '{name}' returned {len(rewards)} rewards for {expected} completions; "
+            "return exactly one per completion (None marks one it cannot score)"
+        )
     for i, reward in enumerate(rewards):
         if reward is not None and isinstance(reward, float) and math.isnan(reward):
-            raise ValueError(f"reward function '{name}' returned NaN for completion {i}; return None to mark a "
-                             "completion it cannot score")
+            raise ValueError(
+                f"reward function '{name}' returned NaN for completion {i}; return None to mark a "
+                "completion it cannot score"
+            )
 
 
 def checked_reward(reward_func):
@@ -71,11 +93,13 @@ def checked_reward(reward_func):
     name = reward_func.__name__
 
     if inspect.iscoroutinefunction(reward_func):
+
         @functools.wraps(reward_func)
         async def checked_async(*args, completions, **kwargs):
             rewards = await reward_func(*args, completions=completions, **kwargs)
             _check_rewards(name, rewards, len(completions))
             return rewards
+
         return checked_async
 
     @functools.wraps(reward_func)
@@ -83,4 +107,5 @@ def checked_reward(reward_func):
         rewards = reward_func(*args, completions=completions, **kwargs)
         _check_rewards(name, rewards, len(completions))
         return rewards
+
     return checked

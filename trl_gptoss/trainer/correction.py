@@ -78,8 +78,10 @@ class CorrectionThresholds:
         if self.is_lower is not None and not 0 <= self.is_lower <= self.is_upper:
             raise ValueError(f"rollout IS lower threshold must lie in [0, upper={self.is_upper}], got {self.is_lower}")
         if not 0 < self.rs_lower <= 1 <= self.rs_upper:
-            raise ValueError("geometric rejection thresholds must satisfy 0 < rs_lower <= 1 <= rs_upper, got "
-                             f"rs_lower={self.rs_lower}, rs_upper={self.rs_upper}")
+            raise ValueError(
+                "geometric rejection thresholds must satisfy 0 < rs_lower <= 1 <= rs_upper, got "
+                f"rs_lower={self.rs_lower}, rs_upper={self.rs_upper}"
+            )
 
 
 @dataclass
@@ -113,8 +115,12 @@ def _apply_is(ratio: torch.Tensor, mode: ISMode, th: CorrectionThresholds):
     return ratio.masked_fill(outside, 0.0), torch.zeros_like(outside), outside
 
 
-def rollout_correction(log_ratio: torch.Tensor, mask: torch.Tensor, preset: str | CorrectionPreset,
-                       thresholds: CorrectionThresholds = CorrectionThresholds()) -> Correction:
+def rollout_correction(
+    log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+    preset: str | CorrectionPreset,
+    thresholds: CorrectionThresholds = CorrectionThresholds(),
+) -> Correction:
     """Correction weights for one batch. ``log_ratio, mask: [B, T]`` (``log_ratio`` from ``masked_log_ratio``)."""
     preset = PRESETS[preset] if isinstance(preset, str) else preset
     mask_b = mask.bool()
@@ -137,13 +143,32 @@ def rollout_correction(log_ratio: torch.Tensor, mask: torch.Tensor, preset: str 
 
 
 # Order of the summed statistics; ``finalize_metrics`` turns (sums, maxes) reduced over processes into metrics.
-SUM_KEYS = ("tokens", "seqs", "k1", "k3", "abs_diff", "clipped", "masked", "rejected", "w", "w2",
-            "train_nll_seq_mean", "rollout_nll_seq_mean", "train_ppl", "rollout_ppl")
+SUM_KEYS = (
+    "tokens",
+    "seqs",
+    "k1",
+    "k3",
+    "abs_diff",
+    "clipped",
+    "masked",
+    "rejected",
+    "w",
+    "w2",
+    "train_nll_seq_mean",
+    "rollout_nll_seq_mean",
+    "train_ppl",
+    "rollout_ppl",
+)
 MAX_KEYS = ("max_abs_diff", "max_log_ratio", "neg_min_log_ratio")
 
 
-def mismatch_stats(train_logps: torch.Tensor, rollout_logps: torch.Tensor, mask: torch.Tensor,
-                   correction: Correction, log_ratio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def mismatch_stats(
+    train_logps: torch.Tensor,
+    rollout_logps: torch.Tensor,
+    mask: torch.Tensor,
+    correction: Correction,
+    log_ratio: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Additive and max statistics of one micro-batch, as float64 vectors ordered like SUM_KEYS / MAX_KEYS.
 
     Summing ``sums`` and taking the max of ``maxes`` over micro-batches or processes, then calling
@@ -159,20 +184,33 @@ def mismatch_stats(train_logps: torch.Tensor, rollout_logps: torch.Tensor, mask:
     rollout_nll = -(torch.nan_to_num(rollout_logps.double()) * mask_f).sum(-1) / safe_rows
     weight_units = correction.weights.double() * mask_f  # token-level weights over loss tokens
     abs_lr = lr.abs() * mask_f
-    sums = torch.stack([
-        tokens, has_tokens.double().sum(), (-lr * mask_f).sum(), ((lr.exp() - 1 - lr) * mask_f).sum(),
-        abs_lr.sum(), correction.clipped.double().sum(), correction.masked.double().sum(),
-        correction.rejected_seqs.double().sum(), weight_units.sum(), (weight_units ** 2).sum(),
-        train_nll[has_tokens].sum(), rollout_nll[has_tokens].sum(),
-        train_nll[has_tokens].exp().sum(), rollout_nll[has_tokens].exp().sum(),
-    ])
+    sums = torch.stack(
+        [
+            tokens,
+            has_tokens.double().sum(),
+            (-lr * mask_f).sum(),
+            ((lr.exp() - 1 - lr) * mask_f).sum(),
+            abs_lr.sum(),
+            correction.clipped.double().sum(),
+            correction.masked.double().sum(),
+            correction.rejected_seqs.double().sum(),
+            weight_units.sum(),
+            (weight_units**2).sum(),
+            train_nll[has_tokens].sum(),
+            rollout_nll[has_tokens].sum(),
+            train_nll[has_tokens].exp().sum(),
+            rollout_nll[has_tokens].exp().sum(),
+        ]
+    )
     neg_inf = torch.tensor(-math.inf, dtype=torch.float64, device=lr.device)
     on = mask.bool()
-    maxes = torch.stack([
-        abs_lr.max() if tokens > 0 else neg_inf,
-        lr[on].max() if tokens > 0 else neg_inf,
-        (-lr[on]).max() if tokens > 0 else neg_inf,
-    ])
+    maxes = torch.stack(
+        [
+            abs_lr.max() if tokens > 0 else neg_inf,
+            lr[on].max() if tokens > 0 else neg_inf,
+            (-lr[on]).max() if tokens > 0 else neg_inf,
+        ]
+    )
     return sums, maxes
 
 
@@ -196,5 +234,5 @@ def finalize_metrics(sums: torch.Tensor, maxes: torch.Tensor) -> dict[str, float
         "is_mask_fraction": s["masked"] / tokens,
         "rs_seq_rejected_fraction": s["rejected"] / seqs,
         "is_weight_mean": mean_w,
-        "ess": (mean_w ** 2 / mean_w2) if mean_w2 > 0 else 0.0,
+        "ess": (mean_w**2 / mean_w2) if mean_w2 > 0 else 0.0,
     }

@@ -39,7 +39,7 @@ class RoutingReplay:
         batch_size = batch_size or input_ids.size(0)
         results, indices = [], []
         for start in range(0, input_ids.size(0), batch_size):
-            ids, mask = input_ids[start:start + batch_size], attention_mask[start:start + batch_size]
+            ids, mask = input_ids[start : start + batch_size], attention_mask[start : start + batch_size]
             with record_routing(model) as record:
                 results.append(logps_fn(model, ids, mask, logits_to_keep, None, *args, **kwargs))
             rows, length = ids.shape

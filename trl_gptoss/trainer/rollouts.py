@@ -58,8 +58,10 @@ def check_server(base_url: str, timeout: float = 10.0) -> None:
             status = response.status
     except OSError as exc:
         status = exc
-    raise ValueError(f"rollout_server_url={base_url!r} does not answer GET /health ({status}); start the server "
-                     "(`vllm serve ...`) or set rollout_server_url=None to start one")
+    raise ValueError(
+        f"rollout_server_url={base_url!r} does not answer GET /health ({status}); start the server "
+        "(`vllm serve ...`) or set rollout_server_url=None to start one"
+    )
 
 
 class RolloutBackend:
@@ -96,8 +98,9 @@ class RolloutBackend:
         base = base.merge_and_unload() if hasattr(base, "merge_and_unload") else base
         base.save_pretrained(path, safe_serialization=True)
         tokenizer.save_pretrained(path)
-        self.server = VLLMServer(path, max_model_len=args.rollout_max_model_len,
-                                 startup_timeout=args.rollout_server_timeout)
+        self.server = VLLMServer(
+            path, max_model_len=args.rollout_max_model_len, startup_timeout=args.rollout_server_timeout
+        )
         self.server.start()
         atexit.register(self.close)  # a server this process started never outlives it
         logger.info("started a vLLM rollout server at %s", self.server.base_url)
@@ -140,8 +143,11 @@ def _message_dict(message) -> dict:
     if isinstance(message, dict):
         return message
     to_dict = getattr(message, "to_dict", None)
-    return to_dict() if callable(to_dict) else {"role": getattr(message, "role", None),
-                                                 "content": getattr(message, "content", None)}
+    return (
+        to_dict()
+        if callable(to_dict)
+        else {"role": getattr(message, "role", None), "content": getattr(message, "content", None)}
+    )
 
 
 def final_answer_completions(rollouts: list[Rollout]) -> list[list[dict]]:

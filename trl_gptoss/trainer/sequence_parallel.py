@@ -20,8 +20,8 @@ def check_sequence_parallel(args, model_config) -> ContextParallelPlugin:
     plugin.check_model(model_config)
     unsupported = {
         "temperature != 1.0 (the SP log-probs are untempered)": args.temperature != 1.0,
-        "entropy_coef != 0 or top_entropy_quantile < 1 (SP computes no entropies)":
-            args.entropy_coef != 0 or args.top_entropy_quantile < 1.0,
+        "entropy_coef != 0 or top_entropy_quantile < 1 (SP computes no entropies)": args.entropy_coef != 0
+        or args.top_entropy_quantile < 1.0,
         "router_aux_loss_coef != 0 (SP computes no router aux loss)": bool(args.router_aux_loss_coef),
         "gradient_checkpointing (SP already divides activations by sp_size)": bool(args.gradient_checkpointing),
         "beta != 0 (reference log-probs are not sharded yet)": args.beta != 0.0,

@@ -75,11 +75,23 @@ class GptOssGRPOTrainer(GRPOTrainer):
 
     _tag_names = ["trl", "grpo", "gpt-oss", "trl-gptoss"]
     _name = "GPT-OSS GRPO (trl-gptoss)"
-    _paper = {"title": "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models",
-              "id": "2402.03300", "citation": _CITATION}
+    _paper = {
+        "title": "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models",
+        "id": "2402.03300",
+        "citation": _CITATION,
+    }
 
-    def __init__(self, model, reward_funcs, args: GptOssGRPOConfig | None = None, train_dataset=None,
-                 processing_class=None, tools=None, rollout_system=None, **kwargs):
+    def __init__(
+        self,
+        model,
+        reward_funcs,
+        args: GptOssGRPOConfig | None = None,
+        train_dataset=None,
+        processing_class=None,
+        tools=None,
+        rollout_system=None,
+        **kwargs,
+    ):
         args = args if args is not None else GptOssGRPOConfig("trl-gptoss-grpo")
         if not isinstance(args, GptOssGRPOConfig):
             raise ValueError(f"args must be a GptOssGRPOConfig, got {type(args).__name__}")
@@ -88,11 +100,18 @@ class GptOssGRPOTrainer(GRPOTrainer):
         required = {c for f in reward_funcs for c in required_reward_columns(f)} - set(ROLLOUT_COLUMNS)
         check_dataset(train_dataset, sorted(required))
         _resolve_aux_coef(args, model)
-        super().__init__(model, [checked_reward(f) for f in reward_funcs], args=args, train_dataset=train_dataset,
-                         processing_class=processing_class, **kwargs)
+        super().__init__(
+            model,
+            [checked_reward(f) for f in reward_funcs],
+            args=args,
+            train_dataset=train_dataset,
+            processing_class=processing_class,
+            **kwargs,
+        )
         self._sp_logps = None
-        self.sp_loss = SequenceParallelLoss(check_sequence_parallel(args, self.model.config)) if args.sp_size > 1 \
-            else None
+        self.sp_loss = (
+            SequenceParallelLoss(check_sequence_parallel(args, self.model.config)) if args.sp_size > 1 else None
+        )
         self.rollout_tools = list(tools) if tools is not None else build_tools(args.tool_names)
         self.rollout_system = rollout_system
         self.rollout_backend = RolloutBackend(args, self.accelerator.unwrap_model(self.model), self._tokenizer)
@@ -118,10 +137,12 @@ class GptOssGRPOTrainer(GRPOTrainer):
         from trl_gptoss.rollout.loop import run_rollouts
 
         self._push_weights_if_stale()
-        config = rollout_config(self.args, self.state.global_step, self.accelerator.process_index,
-                                system=self.rollout_system)
-        rollouts = run_rollouts(self.rollout_backend.engine, prompts, tokenizer=self._tokenizer,
-                                tools=self.rollout_tools, config=config)
+        config = rollout_config(
+            self.args, self.state.global_step, self.accelerator.process_index, system=self.rollout_system
+        )
+        rollouts = run_rollouts(
+            self.rollout_backend.engine, prompts, tokenizer=self._tokenizer, tools=self.rollout_tools, config=config
+        )
         self._last_rollouts = rollouts
         self._log_rollout_metrics(rollouts)
         return rollouts_to_trl(rollouts)
@@ -134,8 +155,11 @@ class GptOssGRPOTrainer(GRPOTrainer):
     def _log_rollout_metrics(self, rollouts) -> None:
         mode = "train" if self.model.training else "eval"
         device = self.accelerator.device
-        local = torch.tensor([[r.num_turns, r.num_tool_calls, r.num_tool_errors, r.final_answer is not None]
-                              for r in rollouts], dtype=torch.float32, device=device)
+        local = torch.tensor(
+            [[r.num_turns, r.num_tool_calls, r.num_tool_errors, r.final_answer is not None] for r in rollouts],
+            dtype=torch.float32,
+            device=device,
+        )
         stats = self.accelerator.gather(local)
         calls = stats[:, 1].sum().item()
         self._metrics[mode]["rollout/num_turns_mean"].append(stats[:, 0].mean().item())
@@ -173,8 +197,9 @@ class GptOssGRPOTrainer(GRPOTrainer):
         finally:
             self._loss_inputs = None
 
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
-                                           batch_size=None, compute_entropy=False, *args, **kwargs):
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, *args, **kwargs
+    ):
         inputs = self._loss_inputs
         in_loss = inputs is not None and compute_entropy
         if in_loss and self._sp_logps is not None:  # the SP runner already computed them (no entropies)
@@ -182,9 +207,17 @@ class GptOssGRPOTrainer(GRPOTrainer):
             self._correct_and_log(inputs, logps)
             return logps, torch.full_like(logps, float("nan")), None
         if not in_loss and self.routing_replay is not None and self.routing_replay.armed:
-            return self.routing_replay.record(super()._get_per_token_logps_and_entropies, model, input_ids,
-                                              attention_mask, logits_to_keep, batch_size, compute_entropy,
-                                              *args, **kwargs)
+            return self.routing_replay.record(
+                super()._get_per_token_logps_and_entropies,
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size,
+                compute_entropy,
+                *args,
+                **kwargs,
+            )
         recorded = inputs.get("routing_indices") if in_loss else None
         replay = contextlib.nullcontext()
         if recorded is not None:
@@ -194,7 +227,8 @@ class GptOssGRPOTrainer(GRPOTrainer):
                 replay = contextlib.nullcontext()
         with replay:
             logps, entropies, aux = super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, *args, **kwargs)
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, *args, **kwargs
+            )
         if in_loss:
             self._correct_and_log(inputs, logps)
         return logps, entropies, aux
@@ -212,13 +246,15 @@ class GptOssGRPOTrainer(GRPOTrainer):
         old = logps.detach() if old is None else old
         ratio_dev = ((logps.detach() - old).exp() - 1).abs() * mask
         self._metrics[mode]["policy/ratio_max_abs_dev"].append(
-            self.accelerator.gather(ratio_dev.max() if ratio_dev.numel() else logps.new_zeros(())).max().item())
+            self.accelerator.gather(ratio_dev.max() if ratio_dev.numel() else logps.new_zeros(())).max().item()
+        )
         rollout_logps = inputs.get("sampling_per_token_logps")
         if rollout_logps is None:
             return
         log_ratio = masked_log_ratio(old, rollout_logps, mask)
-        correction = rollout_correction(log_ratio, mask, self.args.rollout_correction,
-                                        self.args.correction_thresholds())
+        correction = rollout_correction(
+            log_ratio, mask, self.args.rollout_correction, self.args.correction_thresholds()
+        )
         sums, maxes = mismatch_stats(old, rollout_logps, mask, correction, log_ratio)
         sums = self.accelerator.reduce(sums, reduction="sum")
         maxes = self.accelerator.gather(maxes[None]).max(dim=0).values
@@ -273,6 +309,9 @@ def _resolve_aux_coef(args: GptOssGRPOConfig, model) -> None:
     config = AutoConfig.from_pretrained(model) if isinstance(model, str) else model.config
     declared = getattr(config.get_text_config(), "router_aux_loss_coef", None)
     if declared:
-        logger.warning("the checkpoint declares router_aux_loss_coef=%s; trl-gptoss trains with 0.0 (no "
-                       "load-balancing loss in RL). Set router_aux_loss_coef explicitly to use it.", declared)
+        logger.warning(
+            "the checkpoint declares router_aux_loss_coef=%s; trl-gptoss trains with 0.0 (no "
+            "load-balancing loss in RL). Set router_aux_loss_coef explicitly to use it.",
+            declared,
+        )
     args.router_aux_loss_coef = 0.0

@@ -50,9 +50,13 @@ def _compile(kernel, dtype_name, constexprs, options, arch):
     source = ASTSource(kernel, _signature(kernel, dtype_name, constexprs), constexprs=constexprs)
     start = time.perf_counter()
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
-    return {"kernel": kernel.fn.__name__, "shared_bytes": compiled.metadata.shared,
-            "num_warps": options.get("num_warps", 4), "compile_s": round(time.perf_counter() - start, 2),
-            "has_cubin": bool(compiled.asm.get("cubin"))}
+    return {
+        "kernel": kernel.fn.__name__,
+        "shared_bytes": compiled.metadata.shared,
+        "num_warps": options.get("num_warps", 4),
+        "compile_s": round(time.perf_counter() - start, 2),
+        "has_cubin": bool(compiled.asm.get("cubin")),
+    }
 
 
 def compile_all(arch=90, dtype="bf16", window=None, num_heads=64, num_kv_heads=8, head_dim=64):
@@ -60,8 +64,10 @@ def compile_all(arch=90, dtype="bf16", window=None, num_heads=64, num_kv_heads=8
     if INTERPRETED:
         raise ValueError("TRITON_INTERPRET=1 was set when triton was imported; run this in a fresh process")
     records = []
-    for backward, kernels in ((False, (_sink_attention_fwd_kernel,)),
-                              (True, (_sink_attention_bwd_dq_kernel, _sink_attention_bwd_dkdv_kernel))):
+    for backward, kernels in (
+        (False, (_sink_attention_fwd_kernel,)),
+        (True, (_sink_attention_bwd_dq_kernel, _sink_attention_bwd_dkdv_kernel)),
+    ):
         config = launch_config("cuda", padded_head_dim(head_dim), backward=backward, dtype=_DTYPES[dtype])
         meta = kernel_meta(_DTYPES[dtype], num_heads // num_kv_heads, head_dim, window is not None, config)
         options = {key: meta.pop(key) for key in ("num_warps", "num_stages")}

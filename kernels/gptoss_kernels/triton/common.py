@@ -58,8 +58,7 @@ def _allowed(pos_m, offs_n, seq_len, window, HAS_WINDOW: tl.constexpr):
 
 
 @triton.jit
-def _key_range(start_m, seq_len, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               HAS_WINDOW: tl.constexpr):
+def _key_range(start_m, seq_len, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr):
     """Key tiles for the query block at key positions ``[start_m, start_m + BLOCK_M)`` of a document of
     ``seq_len`` keys, split ``lo <= full_lo <= full_hi <= hi``.
 
@@ -79,8 +78,9 @@ def _key_range(start_m, seq_len, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
 
 
 @triton.jit
-def _query_range(start_n, seq_len_q, off, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 HAS_WINDOW: tl.constexpr):
+def _query_range(
+    start_n, seq_len_q, off, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr
+):
     """Query tiles (query-row indices, tiles start at multiples of BLOCK_M) that see the key block
     ``[start_n, start_n + BLOCK_N)``, split like ``_key_range``; query m sits at key position ``m + off``.
 

@@ -23,10 +23,34 @@ from gptoss_kernels.triton.common import LN2, LOG2E, _allowed, _cast, _dot, _key
 
 
 @triton.jit
-def _fwd_tiles(acc, l_i, m_i, q, K, V, bos_k, i_kh, stride_kt, stride_kh, stride_vt, stride_vh,
-               pos_m, seq_len, head_dim, window, qk_scale, start, end,
-               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
-               F32_DOT: tl.constexpr, BF16_RTNE: tl.constexpr, MASKED: tl.constexpr, D_MASK: tl.constexpr):
+def _fwd_tiles(
+    acc,
+    l_i,
+    m_i,
+    q,
+    K,
+    V,
+    bos_k,
+    i_kh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    pos_m,
+    seq_len,
+    head_dim,
+    window,
+    qk_scale,
+    start,
+    end,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    F32_DOT: tl.constexpr,
+    BF16_RTNE: tl.constexpr,
+    MASKED: tl.constexpr,
+    D_MASK: tl.constexpr,
+):
     """Online-softmax update over the key tiles ``[start, end)``; ``MASKED=False`` only for tiles every row
     of the block fully sees (no causal/window/tail mask to build). Returns the new ``(acc, l_i, m_i)``."""
     offs_d = tl.arange(0, HEAD_DIM)
@@ -54,12 +78,35 @@ def _fwd_tiles(acc, l_i, m_i, q, K, V, bos_k, i_kh, stride_kt, stride_kh, stride
 
 @triton.jit
 def _sink_attention_fwd_kernel(
-    Q, K, V, SINKS, OUT, LSE, CU_SEQLENS, CU_SEQLENS_K,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    stride_lt, scale, window, head_dim,
-    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, F32_DOT: tl.constexpr,
-    BF16_RTNE: tl.constexpr, D_MASK: tl.constexpr,
+    Q,
+    K,
+    V,
+    SINKS,
+    OUT,
+    LSE,
+    CU_SEQLENS,
+    CU_SEQLENS_K,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_lt,
+    scale,
+    window,
+    head_dim,
+    NUM_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    F32_DOT: tl.constexpr,
+    BF16_RTNE: tl.constexpr,
+    D_MASK: tl.constexpr,
 ):
     """Grid ``(n_seqs * Hq, cdiv(max_seqlen_q, BLOCK_M))``. Q/OUT ``[total_q, Hq, D]``, K/V
     ``[total_k, Hkv, D]``, LSE ``[total_q, Hq]`` fp32, SINKS ``[Hq]`` fp32, CU_SEQLENS (queries) and
@@ -80,8 +127,13 @@ def _sink_attention_fwd_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < seq_len_q
     d_ok = offs_d < head_dim
-    q = _load(Q + (bos + offs_m)[:, None] * stride_qt + i_h * stride_qh + offs_d[None, :],
-              row_ok[:, None], d_ok[None, :], True, D_MASK)
+    q = _load(
+        Q + (bos + offs_m)[:, None] * stride_qt + i_h * stride_qh + offs_d[None, :],
+        row_ok[:, None],
+        d_ok[None, :],
+        True,
+        D_MASK,
+    )
     qk_scale = scale * LOG2E
 
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(SINKS + i_h) * LOG2E
@@ -89,14 +141,30 @@ def _sink_attention_fwd_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
     lo, full_lo, full_hi, hi = _key_range(start_m + off, seq_len, window, BLOCK_M, BLOCK_N, HAS_WINDOW)
-    tiles = (K, V, bos_k, i_kh, stride_kt, stride_kh, stride_vt, stride_vh, offs_m + off, seq_len, head_dim,
-             window, qk_scale)
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, *tiles, lo, full_lo,
-                               HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT, BF16_RTNE, True, D_MASK)
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, *tiles, full_lo, full_hi,
-                               HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT, BF16_RTNE, False, D_MASK)
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, *tiles, full_hi, hi,
-                               HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT, BF16_RTNE, True, D_MASK)
+    tiles = (
+        K,
+        V,
+        bos_k,
+        i_kh,
+        stride_kt,
+        stride_kh,
+        stride_vt,
+        stride_vh,
+        offs_m + off,
+        seq_len,
+        head_dim,
+        window,
+        qk_scale,
+    )
+    acc, l_i, m_i = _fwd_tiles(
+        acc, l_i, m_i, q, *tiles, lo, full_lo, HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT, BF16_RTNE, True, D_MASK
+    )
+    acc, l_i, m_i = _fwd_tiles(
+        acc, l_i, m_i, q, *tiles, full_lo, full_hi, HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT, BF16_RTNE, False, D_MASK
+    )
+    acc, l_i, m_i = _fwd_tiles(
+        acc, l_i, m_i, q, *tiles, full_hi, hi, HEAD_DIM, BLOCK_N, HAS_WINDOW, F32_DOT, BF16_RTNE, True, D_MASK
+    )
 
     # l is 0 only for padding rows past the document end under a -inf sink; they are never stored.
     l_i = tl.where(l_i > 0.0, l_i, 1.0)

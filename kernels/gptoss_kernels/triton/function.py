@@ -27,13 +27,38 @@ class SinkAttentionTritonFunction(torch.autograd.Function):
         q, k, v, sinks, o, lse, cu_seqlens, cu_seqlens_k = ctx.saved_tensors
         max_seqlen, window, scale, block_sizes, max_seqlen_k = ctx.launch_args
         dq, dk, dv, dsinks = sink_attention_bwd(
-            q, k, v, sinks, o, lse, do.contiguous(), cu_seqlens, max_seqlen, window, scale, block_sizes,
-            cu_seqlens_k, max_seqlen_k)
+            q,
+            k,
+            v,
+            sinks,
+            o,
+            lse,
+            do.contiguous(),
+            cu_seqlens,
+            max_seqlen,
+            window,
+            scale,
+            block_sizes,
+            cu_seqlens_k,
+            max_seqlen_k,
+        )
         return dq, dk, dv, dsinks, None, None, None, None, None, None, None
 
 
-def sink_attention_triton(q, k, v, sinks, *, cu_seqlens, max_seqlen, window=None, scale=None,
-                          block_sizes=None, cu_seqlens_k=None, max_seqlen_k=None):
+def sink_attention_triton(
+    q,
+    k,
+    v,
+    sinks,
+    *,
+    cu_seqlens,
+    max_seqlen,
+    window=None,
+    scale=None,
+    block_sizes=None,
+    cu_seqlens_k=None,
+    max_seqlen_k=None,
+):
     """Causal attention with one learnable sink logit per query head (Triton, FlashAttention-2 tiling).
 
     For query row i of head h in a document, at key position ``p_i`` (``p_i = i`` for self-attention;
@@ -68,15 +93,18 @@ def sink_attention_triton(q, k, v, sinks, *, cu_seqlens, max_seqlen, window=None
     if block_sizes is not None:
         launch_config(q.device.type, q.shape[-1], backward=False, block_sizes=block_sizes)  # validates them
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    return run_sink_attention_triton(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_sizes,
-                                     cu_seqlens_k, max_seqlen_k)
+    return run_sink_attention_triton(
+        q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_sizes, cu_seqlens_k, max_seqlen_k
+    )
 
 
 def _check_triton_call(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, cu_seqlens_k, max_seqlen_k):
     """The public contract plus the capability rule shared with ``sink_attention``'s dispatch."""
     if cu_seqlens is None:
-        raise ValueError("the Triton kernel takes the packed layout: pass cu_seqlens (int32 [n_seqs + 1]) "
-                         "and q/k/v shaped [total, H, D]")
+        raise ValueError(
+            "the Triton kernel takes the packed layout: pass cu_seqlens (int32 [n_seqs + 1]) "
+            "and q/k/v shaped [total, H, D]"
+        )
     for name, value in (("max_seqlen", max_seqlen), ("max_seqlen_k", max_seqlen_k)):
         if (value is not None or name == "max_seqlen") and (not isinstance(value, int) or isinstance(value, bool)):
             raise ValueError(f"{name} must be an int >= the longest document, got {value!r}")
@@ -91,8 +119,9 @@ def _check_triton_call(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, cu
         raise ValueError(f"scale must be a positive finite float (default head_dim**-0.5), got {scale!r}")
 
 
-def run_sink_attention_triton(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_sizes=None,
-                              cu_seqlens_k=None, max_seqlen_k=None):
+def run_sink_attention_triton(
+    q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_sizes=None, cu_seqlens_k=None, max_seqlen_k=None
+):
     """Already validated inputs (``sink_attention`` checks once at its entry) -> the autograd function.
 
     Reads nothing back from the device: ``max_seqlen`` (int) sizes the grid, ``scale`` is a float.
@@ -102,5 +131,6 @@ def run_sink_attention_triton(q, k, v, sinks, cu_seqlens, max_seqlen, window, sc
     if window is not None and window >= max_seqlen_k:
         window = None  # every causal key is inside the window: take the mask-free full-causal kernels
     q, k, v, cu_seqlens, cu_seqlens_k = (t.contiguous() for t in (q, k, v, cu_seqlens, cu_seqlens_k))
-    return SinkAttentionTritonFunction.apply(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_sizes,
-                                             cu_seqlens_k, max_seqlen_k)
+    return SinkAttentionTritonFunction.apply(
+        q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_sizes, cu_seqlens_k, max_seqlen_k
+    )

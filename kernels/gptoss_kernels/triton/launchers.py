@@ -76,10 +76,16 @@ def kernel_meta(dtype, group, head_dim, has_window, config):
     """Compile-time arguments shared by the forward, dQ and dK/dV kernels (also used by ``aot.py``)."""
     tile_dim = padded_head_dim(head_dim)
     return {
-        "GROUP": group, "HEAD_DIM": tile_dim, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
-        "HAS_WINDOW": has_window, "F32_DOT": dtype == torch.float32 or INTERPRETED,
-        "BF16_RTNE": INTERPRETED and dtype == torch.bfloat16, "D_MASK": tile_dim != head_dim,
-        "num_warps": config.num_warps, "num_stages": config.num_stages,
+        "GROUP": group,
+        "HEAD_DIM": tile_dim,
+        "BLOCK_M": config.block_m,
+        "BLOCK_N": config.block_n,
+        "HAS_WINDOW": has_window,
+        "F32_DOT": dtype == torch.float32 or INTERPRETED,
+        "BF16_RTNE": INTERPRETED and dtype == torch.bfloat16,
+        "D_MASK": tile_dim != head_dim,
+        "num_warps": config.num_warps,
+        "num_stages": config.num_stages,
     }
 
 
@@ -87,8 +93,7 @@ def _meta(q, k, window, config):
     return kernel_meta(q.dtype, q.shape[1] // k.shape[1], q.shape[2], window is not None, config)
 
 
-def sink_attention_fwd(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_sizes=None,
-                       cu_seqlens_k=None):
+def sink_attention_fwd(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_sizes=None, cu_seqlens_k=None):
     """Forward launch. Returns ``o [total_q, Hq, D]`` (q's dtype), ``lse [total_q, Hq]`` (fp32, sink
     included). ``cu_seqlens_k`` (default ``cu_seqlens``): key documents, each at least as long as its
     queries, which are its last positions; ``max_seqlen`` is the longest query document."""
@@ -98,15 +103,34 @@ def sink_attention_fwd(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, bl
     n_seqs = cu_seqlens.numel() - 1
     if total == 0 or max_seqlen == 0:
         return o, lse
-    config = launch_config(q.device.type, padded_head_dim(head_dim), backward=False, block_sizes=block_sizes,
-                           dtype=q.dtype)
+    config = launch_config(
+        q.device.type, padded_head_dim(head_dim), backward=False, block_sizes=block_sizes, dtype=q.dtype
+    )
     sinks32 = sinks.detach().to(torch.float32).contiguous()
     grid = (n_seqs * num_heads, triton.cdiv(max_seqlen, config.block_m))
     _sink_attention_fwd_kernel[grid](
-        q, k, v, sinks32, o, lse, cu_seqlens, cu_seqlens if cu_seqlens_k is None else cu_seqlens_k,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        o.stride(0), o.stride(1), lse.stride(0), scale, window or 0, head_dim,
-        NUM_HEADS=num_heads, **_meta(q, k, window, config),
+        q,
+        k,
+        v,
+        sinks32,
+        o,
+        lse,
+        cu_seqlens,
+        cu_seqlens if cu_seqlens_k is None else cu_seqlens_k,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        o.stride(0),
+        o.stride(1),
+        lse.stride(0),
+        scale,
+        window or 0,
+        head_dim,
+        NUM_HEADS=num_heads,
+        **_meta(q, k, window, config),
     )
     return o, lse
 
@@ -121,15 +145,41 @@ def sink_attention_bwd_preprocess(o, do, lse, sinks):
     sinks32 = sinks.detach().to(torch.float32).contiguous()
     grid = (triton.cdiv(total, _PREPROCESS_BLOCK_T), num_heads)
     _sink_attention_bwd_preprocess_kernel[grid](
-        o, do, lse, sinks32, delta, dsink_rows, total,
-        o.stride(0), o.stride(1), do.stride(0), do.stride(1), lse.stride(0), head_dim,
-        HEAD_DIM=padded_head_dim(head_dim), BLOCK_T=_PREPROCESS_BLOCK_T,
+        o,
+        do,
+        lse,
+        sinks32,
+        delta,
+        dsink_rows,
+        total,
+        o.stride(0),
+        o.stride(1),
+        do.stride(0),
+        do.stride(1),
+        lse.stride(0),
+        head_dim,
+        HEAD_DIM=padded_head_dim(head_dim),
+        BLOCK_T=_PREPROCESS_BLOCK_T,
     )
     return delta, -dsink_rows.sum(0)
 
 
-def sink_attention_bwd(q, k, v, sinks, o, lse, do, cu_seqlens, max_seqlen, window, scale, block_sizes=None,
-                       cu_seqlens_k=None, max_seqlen_k=None):
+def sink_attention_bwd(
+    q,
+    k,
+    v,
+    sinks,
+    o,
+    lse,
+    do,
+    cu_seqlens,
+    max_seqlen,
+    window,
+    scale,
+    block_sizes=None,
+    cu_seqlens_k=None,
+    max_seqlen_k=None,
+):
     """Backward launch. Returns ``dq, dk, dv`` (in q/k/v's dtype) and ``dsinks`` (in sinks' dtype).
     ``cu_seqlens_k`` / ``max_seqlen_k`` default to the query ones (self-attention)."""
     total, num_heads, head_dim = q.shape
@@ -143,18 +193,52 @@ def sink_attention_bwd(q, k, v, sinks, o, lse, do, cu_seqlens, max_seqlen, windo
     dk = _new_output(k.shape, k.dtype, k.device)
     dv = _new_output(v.shape, v.dtype, v.device)
     n_seqs = cu_seqlens.numel() - 1
-    config = launch_config(q.device.type, padded_head_dim(head_dim), backward=True, block_sizes=block_sizes,
-                           dtype=q.dtype)
+    config = launch_config(
+        q.device.type, padded_head_dim(head_dim), backward=True, block_sizes=block_sizes, dtype=q.dtype
+    )
     meta = _meta(q, k, window, config)
-    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-               do.stride(0), do.stride(1))
+    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1))
     _sink_attention_bwd_dq_kernel[(n_seqs * num_heads, triton.cdiv(max_seqlen, config.block_m))](
-        q, k, v, do, lse, delta, dq, cu_seqlens, cu_seqlens_k, *strides, dq.stride(0), dq.stride(1),
-        lse.stride(0), scale, window or 0, head_dim, NUM_HEADS=num_heads, **meta,
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dq,
+        cu_seqlens,
+        cu_seqlens_k,
+        *strides,
+        dq.stride(0),
+        dq.stride(1),
+        lse.stride(0),
+        scale,
+        window or 0,
+        head_dim,
+        NUM_HEADS=num_heads,
+        **meta,
     )
     _sink_attention_bwd_dkdv_kernel[(n_seqs * num_kv_heads, triton.cdiv(max_seqlen_k, config.block_n))](
-        q, k, v, do, lse, delta, dk, dv, cu_seqlens, cu_seqlens_k, *strides,
-        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0),
-        scale, window or 0, head_dim, NUM_KV_HEADS=num_kv_heads, **meta,
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dk,
+        dv,
+        cu_seqlens,
+        cu_seqlens_k,
+        *strides,
+        dk.stride(0),
+        dk.stride(1),
+        dv.stride(0),
+        dv.stride(1),
+        lse.stride(0),
+        scale,
+        window or 0,
+        head_dim,
+        NUM_KV_HEADS=num_kv_heads,
+        **meta,
     )
     return dq, dk, dv, dsinks.to(sinks.dtype)

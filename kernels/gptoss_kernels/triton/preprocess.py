@@ -14,9 +14,21 @@ import triton.language as tl
 
 @triton.jit
 def _sink_attention_bwd_preprocess_kernel(
-    OUT, DO, LSE, SINKS, DELTA, DSINK_ROWS, total,
-    stride_ot, stride_oh, stride_dot, stride_doh, stride_lt, head_dim,
-    HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr,
+    OUT,
+    DO,
+    LSE,
+    SINKS,
+    DELTA,
+    DSINK_ROWS,
+    total,
+    stride_ot,
+    stride_oh,
+    stride_dot,
+    stride_doh,
+    stride_lt,
+    head_dim,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_T: tl.constexpr,
 ):
     """Grid ``(cdiv(total, BLOCK_T), Hq)``.
 
@@ -27,10 +39,12 @@ def _sink_attention_bwd_preprocess_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_t < total
     tile_ok = row_ok[:, None] & (offs_d < head_dim)[None, :]  # HEAD_DIM may pad the real head_dim
-    o = tl.load(OUT + offs_t[:, None] * stride_ot + i_h * stride_oh + offs_d[None, :],
-                mask=tile_ok, other=0.0).to(tl.float32)
-    do = tl.load(DO + offs_t[:, None] * stride_dot + i_h * stride_doh + offs_d[None, :],
-                 mask=tile_ok, other=0.0).to(tl.float32)
+    o = tl.load(OUT + offs_t[:, None] * stride_ot + i_h * stride_oh + offs_d[None, :], mask=tile_ok, other=0.0).to(
+        tl.float32
+    )
+    do = tl.load(DO + offs_t[:, None] * stride_dot + i_h * stride_doh + offs_d[None, :], mask=tile_ok, other=0.0).to(
+        tl.float32
+    )
     delta = tl.sum(o * do, 1)
     lse = tl.load(LSE + offs_t * stride_lt + i_h, mask=row_ok, other=0.0)
     p_sink = tl.exp(tl.load(SINKS + i_h) - lse)

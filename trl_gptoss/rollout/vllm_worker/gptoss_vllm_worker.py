@@ -63,8 +63,11 @@ class GptOssWeightSyncExtension:
                 for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
                     layout[name] = list(handle.get_slice(name).get_shape())
         transfer = getattr(self.vllm_config, "weight_transfer_config", None)
-        return {"layout": layout, "dtype": str(self.vllm_config.model_config.dtype).removeprefix("torch."),
-                "weight_transfer_backend": getattr(transfer, "backend", None)}
+        return {
+            "layout": layout,
+            "dtype": str(self.vllm_config.model_config.dtype).removeprefix("torch."),
+            "weight_transfer_backend": getattr(transfer, "backend", None),
+        }
 
     def gptoss_load_weights(self, source: str) -> dict:
         """Apply one group of checkpoint-format tensors; ``source`` is JSON ``{"path": safetensors file}`` or
@@ -79,8 +82,12 @@ class GptOssWeightSyncExtension:
         reloaded = time.perf_counter()
         repacked = self._gptoss_load_direct(direct) if direct else []
         seconds = {"read": read - started, "reload": reloaded - read, "direct": time.perf_counter() - reloaded}
-        return {"reloaded": [n for n, _ in reload], "direct": [n for n, _ in direct], "repacked": repacked,
-                "seconds": seconds}
+        return {
+            "reloaded": [n for n, _ in reload],
+            "direct": [n for n, _ in direct],
+            "repacked": repacked,
+            "seconds": seconds,
+        }
 
     def gptoss_receive_direct_nccl(self, update_info: str) -> dict:
         """GPU: receive sinks/expert tensors over the weight-transfer NCCL group (packed, as the trainer sends
@@ -91,12 +98,16 @@ class GptOssWeightSyncExtension:
         engine = self.weight_transfer_engine
         received = []
         packed_nccl_broadcast_consumer(
-            iterator=((n, (s, getattr(torch, d))) for n, d, s in zip(info["names"], info["dtype_names"],
-                                                                     info["shapes"])),
-            group=engine.model_update_group, src=0,
+            iterator=(
+                (n, (s, getattr(torch, d))) for n, d, s in zip(info["names"], info["dtype_names"], info["shapes"])
+            ),
+            group=engine.model_update_group,
+            src=0,
             post_unpack_func=lambda items: received.extend((n, t.clone()) for n, t in items),  # buffers get reused
-            buffer_size_bytes=engine.packed_buffer_size_bytes, num_buffers=engine.packed_num_buffers,
-            device=self.device)
+            buffer_size_bytes=engine.packed_buffer_size_bytes,
+            num_buffers=engine.packed_num_buffers,
+            device=self.device,
+        )
         torch.accelerator.synchronize()
         repacked = self._gptoss_load_direct(received)
         return {"direct": [n for n, _ in received], "repacked": repacked}

@@ -52,8 +52,6 @@ class SandboxLimits:
                 "use at least 64 MiB (256 MiB or more to import numpy)."
             )
         if self.max_processes < 2:
-            raise ValueError(
-                "SandboxLimits.max_processes must be at least 2 (Python may start a helper thread)."
-            )
+            raise ValueError("SandboxLimits.max_processes must be at least 2 (Python may start a helper thread).")
         if self.cpu_cores < 0.01:
             raise ValueError(f"SandboxLimits.cpu_cores={self.cpu_cores} is below the 0.01 core a quota can give.")
