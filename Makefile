@@ -30,8 +30,7 @@ $(STAMPS)/vllm: scripts/setup_vllm_cpu.sh
 # One formatter configuration for the repository ([tool.ruff.format] in pyproject.toml).
 lint: $(STAMPS)/venv
 	$(VENV)/bin/ruff check .
-# TODO(lead): enable the next line once every helper has committed and `make format` ran over the whole tree.
-#	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff format --check .
 
 # Sort imports (the one lint rule that formatting owns), then format.
 format: $(STAMPS)/venv

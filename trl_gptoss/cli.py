@@ -16,8 +16,18 @@ import importlib.metadata
 import json
 import sys
 
-_PACKAGES = ("torch", "transformers", "trl", "accelerate", "peft", "datasets", "triton", "openai-harmony",
-             "flash-attn-4", "vllm")
+_PACKAGES = (
+    "torch",
+    "transformers",
+    "trl",
+    "accelerate",
+    "peft",
+    "datasets",
+    "triton",
+    "openai-harmony",
+    "flash-attn-4",
+    "vllm",
+)
 
 
 def _version(package: str) -> str | None:
@@ -84,10 +94,17 @@ def _cmd_tokenizer(args) -> int:
 def _cmd_vllm_serve(args) -> int:
     from trl_gptoss.rollout.server import VLLMServer, serve_forever
 
-    server = VLLMServer(args.model, port=args.port, host=args.host, max_model_len=args.max_model_len,
-                        max_num_seqs=args.max_num_seqs, device=args.device, kv_cache_gib=args.kv_cache_gib,
-                        gpu_memory_utilization=args.gpu_memory_utilization,
-                        extra_args=args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args)
+    server = VLLMServer(
+        args.model,
+        port=args.port,
+        host=args.host,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        device=args.device,
+        kv_cache_gib=args.kv_cache_gib,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        extra_args=args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args,
+    )
     return serve_forever(server)
 
 
