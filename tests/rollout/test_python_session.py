@@ -105,3 +105,12 @@ def test_functions_python_with_a_json_body_shares_the_session(tok, python_tool):
     first, second = [m.text for m in r.messages if m.role == "tool"]
     assert "no output" in first and second == "15"
     assert r.num_tool_errors == 0 and r.final_answer == "15"
+
+
+def test_files_on_the_promised_drive_persist_across_cells(python_tool):
+    # The description says /mnt/data persists user files: each call is a fresh sandbox, the replay rebuilds them.
+    assert "/mnt/data" in PYTHON_TOOL_DESCRIPTION
+    session = PythonSession(python_tool)
+    assert session.run("open('/mnt/data/n.txt', 'w').write('41')").ok
+    later = session.run("int(open('/mnt/data/n.txt').read()) + 1")
+    assert later.ok and later.stdout == "42\n", later.render()

@@ -165,3 +165,11 @@ def test_max_concurrency_bounds_run_from_any_number_of_threads():
     with ThreadPoolExecutor(max_workers=6) as pool:
         results = list(pool.map(bounded.run, ["import time\ntime.sleep(0.3)\nprint(1)"] * 6))
     assert all(r.ok for r in results) and peak[0] == 2
+
+
+def test_the_drive_the_python_description_promises_is_writable(sandbox):
+    # GPT-OSS was trained on a description naming /mnt/data; a call must be able to use it (size-limited tmpfs).
+    result = sandbox.run(
+        "import pathlib\np = pathlib.Path('/mnt/data/out.txt')\np.write_text('kept')\nprint(p.read_text())"
+    )
+    assert result.ok and result.stdout == "kept\n", result.render()

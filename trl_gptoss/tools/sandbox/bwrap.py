@@ -21,7 +21,7 @@ import subprocess
 from trl_gptoss.tools.sandbox.init import CallConfig
 from trl_gptoss.tools.sandbox.limits import SandboxLimits
 from trl_gptoss.tools.sandbox.userns import PROCESS_USER_NAMESPACES, SANDBOX_UID
-from trl_gptoss.tools.sandbox.view import INIT_INSIDE, WORKDIR, HostView, bwrap_path
+from trl_gptoss.tools.sandbox.view import DATA_DIR, INIT_INSIDE, WORKDIR, HostView, bwrap_path
 
 NAMESPACES = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try")
 
@@ -79,6 +79,9 @@ def launch(
         args += ["--proc", "/proc", "--dev", "/dev"]
         args += ["--size", str(limits.disk_bytes), "--perms", "1777", "--tmpfs", "/tmp"]
         args += ["--size", str(limits.disk_bytes), "--perms", "1777", "--tmpfs", "/dev/shm"]
+        # GPT-OSS's builtin python description promises a drive at /mnt/data; within a conversation its files
+        # persist because the rollout's PythonSession replays earlier cells.
+        args += ["--size", str(limits.disk_bytes), "--perms", "1777", "--tmpfs", DATA_DIR]
         args += list(view.args)
         args += ["--perms", "0777", "--dir", WORKDIR, "--perms", "0444", "--file", str(code_fd), f"{WORKDIR}/main.py"]
         args += ["--chdir", WORKDIR, "--info-fd", str(info_write), "--block-fd", str(block_read)]

@@ -31,6 +31,7 @@ DEFAULT_PACKAGES = ("numpy", "sympy", "mpmath")
 INIT_INSIDE = "/.sandbox/init.py"
 INIT_HOST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "init.py")
 WORKDIR = "/tmp/work"
+DATA_DIR = "/mnt/data"  # the writable drive GPT-OSS's python tool description names
 
 _PROBE = """
 import importlib.util, json, sys, sysconfig
