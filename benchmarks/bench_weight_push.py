@@ -26,21 +26,7 @@ SEQUENCE = list(range(5, 69))
 
 
 def scores_server(engine) -> torch.Tensor:
-    payload = {
-        "model": engine.model,
-        "prompt": SEQUENCE,
-        "max_tokens": 1,
-        "prompt_logprobs": 0,
-        "return_tokens_as_token_ids": True,
-    }
-    entries = engine.request("POST", "/v1/completions", payload)["choices"][0]["prompt_logprobs"][1:]
-    return torch.tensor(
-        [
-            next(v["logprob"] for k, v in e.items() if k in (str(t), f"token_id:{t}"))
-            for t, e in zip(SEQUENCE[1:], entries)
-        ],
-        dtype=torch.float64,
-    )
+    return torch.tensor(engine.score(SEQUENCE), dtype=torch.float64)
 
 
 def scores_trainer(model) -> torch.Tensor:

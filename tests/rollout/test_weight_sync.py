@@ -86,20 +86,7 @@ def served(vllm_tiny_server, tiny_checkpoint):
 
 def server_scores(engine) -> torch.Tensor:
     """The server's log-prob of each token of SEQUENCE given the ones before it: ``[len(SEQUENCE) - 1]``."""
-    payload = {
-        "model": engine.model,
-        "prompt": SEQUENCE,
-        "max_tokens": 1,
-        "temperature": 1.0,
-        "prompt_logprobs": 0,
-        "return_tokens_as_token_ids": True,
-    }
-    entries = engine.request("POST", "/v1/completions", payload)["choices"][0]["prompt_logprobs"][1:]
-    scores = []
-    for token, entry in zip(SEQUENCE[1:], entries):
-        (value,) = [v for k, v in entry.items() if k in (str(token), f"token_id:{token}")]
-        scores.append(value["logprob"])
-    return torch.tensor(scores, dtype=torch.float64)
+    return torch.tensor(engine.score(SEQUENCE), dtype=torch.float64)
 
 
 def trainer_scores(model) -> torch.Tensor:

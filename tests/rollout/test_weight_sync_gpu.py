@@ -16,20 +16,7 @@ SEQUENCE = list(range(5, 45))
 
 
 def _scores(engine) -> torch.Tensor:
-    payload = {
-        "model": engine.model,
-        "prompt": SEQUENCE,
-        "max_tokens": 1,
-        "prompt_logprobs": 0,
-        "return_tokens_as_token_ids": True,
-    }
-    entries = engine.request("POST", "/v1/completions", payload)["choices"][0]["prompt_logprobs"][1:]
-    return torch.tensor(
-        [
-            next(v["logprob"] for k, v in e.items() if k in (str(t), f"token_id:{t}"))
-            for t, e in zip(SEQUENCE[1:], entries)
-        ]
-    )
+    return torch.tensor(engine.score(SEQUENCE))
 
 
 def test_nccl_push_of_every_group_equals_a_fresh_server(tmp_path):

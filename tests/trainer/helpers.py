@@ -10,12 +10,12 @@ from __future__ import annotations
 import torch
 from datasets import Dataset
 
+from tests.rollout.loop_helpers import AddTool
 from trl_gptoss.harmony import SystemContent, render_conversation
 from trl_gptoss.rollout.config import RolloutConfig
 from trl_gptoss.rollout.loop import run_rollouts
 from trl_gptoss.testing import tiny_gpt_oss
 from trl_gptoss.testing.engines import ScriptedEngine, harmony_ids
-from trl_gptoss.tools import Tool, ToolResult
 
 PROMPTS = {0: "Say four.", 1: "Add two and two.", 2: "Add two and two, twice."}
 SYSTEM = SystemContent(
@@ -25,27 +25,6 @@ SYSTEM = SystemContent(
     valid_channels=("analysis", "commentary", "final"),
     channel_required=False,
 )
-
-
-class AddTool(Tool):
-    name = "add"
-    description = "Add two integers."
-    parameters = {
-        "type": "object",
-        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-        "required": ["a", "b"],
-    }
-
-    def _invoke(self, arguments: dict) -> ToolResult:
-        return ToolResult(
-            stdout=str(arguments["a"] + arguments["b"]),
-            stderr="",
-            exit_code=0,
-            timed_out=False,
-            truncated=False,
-            wall_time=0.0,
-            isolation="none",
-        )
 
 
 def user(text: str) -> list[dict]:

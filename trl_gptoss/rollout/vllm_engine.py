@@ -132,6 +132,23 @@ class VLLMServerEngine:
         except requests.RequestException:
             return False
 
+    def score(self, token_ids) -> list[float]:
+        """The served model's log-prob of each token of ``token_ids`` given the ones before it (temperature 1):
+        ``len(token_ids) - 1`` values, what a weight-sync check compares with the trainer's recomputation."""
+        token_ids = [int(t) for t in token_ids]
+        if len(token_ids) < 2:
+            raise ValueError(f"score needs at least 2 token ids (the first has no prefix), got {len(token_ids)}")
+        payload = {
+            "model": self.model,
+            "prompt": token_ids,
+            "max_tokens": 1,
+            "temperature": 1.0,
+            "prompt_logprobs": 0,
+            "return_tokens_as_token_ids": True,
+        }
+        entries = self.request("POST", "/v1/completions", payload)["choices"][0]["prompt_logprobs"][1:]
+        return [_logprob_of(token, entry, self.base_url) for token, entry in zip(token_ids[1:], entries)]
+
     # -- RolloutEngine ----------------------------------------------------------------------------------
     def generate_sync(self, request: GenerationRequest) -> Generation:
         total = len(request.prompt_ids) + request.max_new_tokens
@@ -166,3 +183,11 @@ def _raise_client_error(url: str, response) -> None:
     if response.status_code == 400 and "max" in detail and ("context" in detail or "length" in detail):
         raise ValueError(f"vLLM server at {url} rejected the request as too long: {detail}")
     raise VLLMServerError(f"vLLM server at {url} answered HTTP {response.status_code}: {detail}")
+
+
+def _logprob_of(token: int, entry: dict, url: str) -> float:
+    """The log-prob of ``token`` in one ``prompt_logprobs`` entry (keyed ``"N"`` or ``"token_id:N"``)."""
+    values = [v["logprob"] for k, v in entry.items() if k in (str(token), f"token_id:{token}")]
+    if len(values) != 1:
+        raise VLLMServerError(f"vLLM server at {url} returned no prompt log-prob for token {token}: {entry}")
+    return float(values[0])
