@@ -24,7 +24,7 @@ class HarmonyCodec:
         if missing:
             raise ValueError(
                 f"tokenizer lacks the Harmony special tokens {missing}; use "
-                "trl_gptoss.testing.harmony_tokenizer() or the GPT-OSS tokenizer"
+                "trl_gptoss.harmony.harmony_tokenizer() or the GPT-OSS checkpoint's tokenizer"
             )
         self.tokenizer = tokenizer
         self._decoder = backend
