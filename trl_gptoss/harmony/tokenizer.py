@@ -124,7 +124,7 @@ def harmony_chat_template() -> str:
 def load_harmony_tokenizer(tokenizer_file: Path):
     """A ``PreTrainedTokenizerFast`` over a Harmony ``tokenizer.json``: eos ``<|return|>``, pad
     ``<|endoftext|>``, bos ``<|startoftext|>``, and the Harmony chat template. Shared by every Harmony
-    vocabulary (the real one here, the small test one in ``trl_gptoss.testing``)."""
+    vocabulary (the real one here, the small one among the test fixtures)."""
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(
