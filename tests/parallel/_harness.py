@@ -20,6 +20,19 @@ import torch.multiprocessing as mp
 COLLECTIVE_TIMEOUT = timedelta(seconds=120)  # generous: the CI machine runs other suites beside us
 
 
+def set_rank_environment(rank: int, world: int) -> None:
+    """The variables accelerate (and so TRL's trainers) read to see this gloo process as one rank of a MULTI_CPU
+    world; the process group itself comes from ``launch``'s rendezvous, which accelerate adopts."""
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="0",
+    )
+
+
 def _entry(worker, rank, world_size, run_dir, args):
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch

@@ -10,7 +10,6 @@ parameter gradient.
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
 import torch.distributed as dist
@@ -18,6 +17,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 import trl_gptoss.parallel.attention as sp_attention
+from tests.parallel._harness import set_rank_environment
 from trl_gptoss.parallel import ContextParallelPlugin, pack_rows, prepare_context_parallel
 from trl_gptoss.parallel.batching import pad_to_multiple, shard
 from trl_gptoss.testing import tiny_gpt_oss
@@ -102,14 +102,7 @@ def wrap(model, how, rank, world):
         return fully_shard(model, mesh=mesh), None
     if how == "accelerate":
         # accelerate adopts the gloo group the harness initialised; these variables make it see MULTI_CPU
-        os.environ.update(
-            RANK=str(rank),
-            WORLD_SIZE=str(world),
-            LOCAL_RANK=str(rank),
-            LOCAL_WORLD_SIZE=str(world),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT="0",
-        )
+        set_rank_environment(rank, world)
         from accelerate import Accelerator
 
         accelerator = Accelerator(cpu=True)

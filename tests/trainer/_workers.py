@@ -4,17 +4,12 @@ from __future__ import annotations
 
 import os
 
+from tests.parallel._harness import set_rank_environment
+
 
 def server_mode_rank(rank: int, world: int, server_url: str, state_path: str, output_dir: str) -> dict:
     """One rank of a 2-process server-mode run: both ranks sample from the server on their own."""
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT="0",
-    )
+    set_rank_environment(rank, world)
     import torch
 
     from tests.trainer.helpers import SYSTEM, AddTool, answer_reward, grpo_args, load_taught, logged, prompt_dataset
@@ -92,14 +87,7 @@ def train_in_process_engine(
 def sp_rank(rank: int, world: int, sp_size: int, output_dir: str) -> dict:
     """One optimizer step of the in-process-engine trainer with ``sp_size``; the loss and every parameter's
     synchronised gradient (sum and sum of squares; sinks in full)."""
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT="0",
-    )
+    set_rank_environment(rank, world)
     from transformers import TrainerCallback
 
     from tests.trainer.helpers import grpo_args, prompt_dataset, token_reward
