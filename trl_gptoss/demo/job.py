@@ -8,6 +8,8 @@ like any checkpoint). Ctrl-C stops the rollout server and leaves the last saved 
 from __future__ import annotations
 
 import logging
+import re
+import shutil
 import time
 from pathlib import Path
 
@@ -104,6 +106,25 @@ def _model_init_dtype(job: JobArguments, training) -> None:
         training.model_init_kwargs = init
 
 
+def set_aside_incomplete_checkpoints(output_dir) -> list[Path]:
+    """Rename ``checkpoint-N`` folders without ``trainer_state.json`` to ``checkpoint-N.incomplete``.
+
+    The Trainer writes a checkpoint in place and ``trainer_state.json`` last, so a Ctrl-C during a save leaves a
+    partial ``checkpoint-N``, which ``--resume_from_checkpoint latest`` would pick (and fail to load) as the
+    newest; renamed, it no longer matches ``checkpoint-<digits>`` and the newest complete checkpoint is used.
+    A stale ``checkpoint-N.incomplete`` from an earlier interrupted save of the same step is replaced.
+    """
+    moved = []
+    for path in sorted(Path(output_dir).glob("checkpoint-*")):
+        if re.fullmatch(r"checkpoint-\d+", path.name) and path.is_dir() and not (path / "trainer_state.json").exists():
+            target = path.with_name(f"{path.name}.incomplete")
+            if target.exists():  # an earlier interrupted save of the same step: no more use than this one
+                shutil.rmtree(target)
+            path.rename(target)
+            moved.append(target)
+    return moved
+
+
 def run(job: JobArguments, training) -> dict:
     """Train; returns the summary (also printed). The trainer's server is stopped whatever happens."""
     import trl_gptoss  # noqa: F401  (registers fa3_sink and gptoss_sequential)
@@ -137,6 +158,9 @@ def run(job: JobArguments, training) -> dict:
             f"\ninterrupted: the rollout server is being stopped; checkpoints saved so far are in "
             f"{training.output_dir} (resume with --resume_from_checkpoint latest)"
         )
+        if training.should_save:
+            for path in set_aside_incomplete_checkpoints(training.output_dir):
+                print(f"interrupted while saving: {path} is incomplete, kept under that name for inspection")
         raise
     finally:
         trainer.close()
