@@ -22,9 +22,22 @@ def test_problems_are_seeded_exact_and_need_big_numbers():
     for p in first:
         assert p.expression in p.question
         operands = [int(t) for t in p.expression.split() if t.isdigit()]
-        assert all(1000 <= n < 10**6 for n in operands)
+        assert len(operands) == 3 and all(100 <= n <= 999 for n in operands)
         assert p.answer == eval(p.expression)  # noqa: S307  (our own digits-and-operators expression)
-    assert sum(abs(p.answer) >= 10**7 for p in first) > 25  # mostly products: far past mental arithmetic
+    assert all(10**6 <= p.answer < 10**9 for p in first)  # far past mental arithmetic, always three o200k chunks
+
+
+def test_every_operand_is_one_token_at_the_same_distance_from_the_end_of_the_question(tokenizer):
+    """The copy the demo model must learn: operand k sits at the same offset before the end of every prompt."""
+    layouts = set()
+    for p in make_problems(40, 5):
+        ids = tokenizer.encode(p.question, add_special_tokens=False)
+        pieces = [tokenizer.decode([i]) for i in ids]
+        operand_offsets = tuple(len(ids) - k for k, piece in enumerate(pieces) if piece.isdigit())
+        assert [pieces[len(ids) - o] for o in operand_offsets] == [t for t in p.expression.split() if t.isdigit()]
+        layouts.add(operand_offsets)
+        assert len(tokenizer.encode(str(p.answer), add_special_tokens=False)) == 3  # the answer's copy, too
+    assert len(layouts) == 1, layouts
 
 
 def test_dataset_rows_are_scored_by_the_retool_reward():

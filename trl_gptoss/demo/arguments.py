@@ -51,10 +51,10 @@ class JobArguments:
     dataset_limit: int | None = field(default=None, metadata={"help": "Keep the first N rows of the dataset."})
     num_prompts: int = field(default=512, metadata={"help": "Prompts generated for task='arithmetic'."})
     warmstart_steps: int = field(
-        default=80, metadata={"help": "'embedded' only: supervised steps on generated demonstrations."}
+        default=300, metadata={"help": "'embedded' only: supervised steps (8 demonstrations each)."}
     )
     warmstart_demonstrations: int = field(
-        default=512, metadata={"help": "'embedded' only: number of generated Harmony demonstrations."}
+        default=2048, metadata={"help": "'embedded' only: number of generated Harmony demonstrations."}
     )
     warmstart_tool_fraction: float = field(
         default=0.5,
@@ -70,7 +70,7 @@ class JobArguments:
             "OUTPUT_DIR/warmstart); runs that share it start from the same policy."
         },
     )
-    warmstart_learning_rate: float = field(default=2e-2, metadata={"help": "'embedded' only: SFT learning rate."})
+    warmstart_learning_rate: float = field(default=3e-3, metadata={"help": "'embedded' only: SFT learning rate."})
     use_peft: bool = field(default=False, metadata={"help": "Train LoRA adapters instead of all weights."})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})

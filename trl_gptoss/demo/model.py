@@ -9,6 +9,17 @@ head; vLLM's GPT-OSS loader expects an untied ``lm_head``) = 51.5M of the ~52M p
 
 Sinks start at ``U(0, 3)``: large, as in trained GPT-OSS checkpoints, so attention that ignores them is
 measurably wrong (the retrospective's fa2-vs-fa3 finding needs sinks that matter).
+
+The initialisation also gives the model a *copy prior*, standing in for pre-training: a pretrained model can
+repeat a token from its context (a tool call copies the question's numbers, the answer copies the tool's
+output), a random one cannot, and learning it from scratch takes far more steps than a demo has. So the
+embedding rows start at norm ``EMBEDDING_NORM``, ``lm_head`` starts as a copy of them (untied thereafter: vLLM's
+loader wants its own ``lm_head``), and the last layer's value/output projections start as the identity, so
+"attend to a token, predict it" is a path that already exists and the warm-start only has to learn where to
+attend. Measured on 16 tool demonstrations per step (teacher-forced accuracy on the copied number tokens of
+held-out demonstrations): with the whole prior at lr 3e-3, 0.43 after 75 steps and 1.00 after 100; with the
+embedding/head part alone, 0.00 after 75 (lr 3e-3) and after 100 (lr 1e-2); from the plain initialisation,
+no exact copy in 32 sampled calls after 100 steps (lr 1e-2, hidden 64 and 128).
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ from transformers import GptOssConfig, GptOssForCausalLM
 from trl_gptoss.harmony.tokens import CALL, RETURN
 
 SINK_INIT_RANGE = (0.0, 3.0)
+EMBEDDING_NORM = 3.0  # logit of a copied token ~ EMBEDDING_NORM * |h|: confident from the first step
 
 
 @dataclass(frozen=True)
@@ -85,10 +97,28 @@ def build_tiny_gpt_oss(
         for layer in model.model.layers:
             sinks = layer.self_attn.sinks
             sinks.copy_(torch.empty(sinks.shape).uniform_(low, high, generator=generator))
+        _init_copy_prior(model)
     model.generation_config.eos_token_id = list(model.config.eos_token_id)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.set_attn_implementation(attn_implementation)
     return model
+
+
+def _init_copy_prior(model: GptOssForCausalLM) -> None:
+    """Unit-direction embeddings scaled to ``EMBEDDING_NORM``, ``lm_head`` = embeddings, identity value/output
+    projections in the last layer (every head passes the attended tokens' embedding through unchanged)."""
+    embedding = model.model.embed_tokens.weight
+    norms = embedding.norm(dim=1, keepdim=True)
+    embedding.copy_(torch.where(norms > 0, embedding / norms.clamp_min(1e-12) * EMBEDDING_NORM, embedding))
+    model.lm_head.weight.copy_(embedding)
+    attention = model.model.layers[-1].self_attn
+    hidden, head_dim = model.config.hidden_size, attention.head_dim
+    eye = torch.eye(hidden, head_dim)  # [hidden, head_dim]: the first min(hidden, head_dim) dimensions
+    kv_heads = attention.v_proj.weight.shape[0] // head_dim
+    q_heads = attention.o_proj.weight.shape[1] // head_dim
+    attention.v_proj.weight.copy_(eye.T.repeat(kv_heads, 1))
+    attention.v_proj.bias.zero_()
+    attention.o_proj.weight.copy_(eye.repeat(1, q_heads) / q_heads)  # the mean over heads, not the sum
 
 
 def save_checkpoint(model: GptOssForCausalLM, tokenizer, path) -> Path:

@@ -1,12 +1,19 @@
-"""A synthetic ReTool-style task whose answers need the python tool: exact arithmetic on 4-6 digit numbers.
+"""A synthetic ReTool-style task whose answers need the python tool: the exact product of three 3-digit numbers.
 
-Every problem states one integer expression verbatim (``48213 * 7719 + 5102``); its answer is the exact
+Every problem states one integer expression verbatim (``482 * 771 * 510``); its answer is the exact 7-9 digit
 value, which no small model can produce in its head but one ``print(expression)`` in the sandbox does. The
 rows use the same prompt format and ``answer`` column as the shipped ReTool samples
 (``trl_gptoss.data.formats.retool_row``), so ``trl_gptoss.rewards.retool_reward`` scores them unchanged.
 
 Generation is a pure function of the seed (``random.Random(seed)``), so a run is reproducible and the
-training and evaluation splits never overlap (different seeds draw from a space of ~10^25 expressions).
+training and evaluation splits never overlap (different seeds draw from a space of ~10^9 expressions).
+
+Why this shape: o200k splits digit runs into chunks of up to three (``\\p{N}{1,3}``), so each operand is one
+token, and every product of three 3-digit numbers has 7-9 digits, i.e. three chunks. Every problem has the
+same token layout: writing the call is a copy of three tokens from a fixed distance back, and so is writing the
+answer from the tool's output, circuits a two-layer model learns in a short warm-start. With 4-6 digit operands
+the chunks (``482``, ``13``) shift with the operand lengths and the demo model never learned to copy them; with
+``a * b + c`` mixed in (5-6 digit answers, two chunks) it copied the call but never the answer.
 """
 
 from __future__ import annotations
@@ -18,15 +25,12 @@ from datasets import Dataset
 
 from trl_gptoss.data.formats import retool_row
 
-# (question template, expression template); ``{expr}`` is repeated verbatim in the question so the answer is
-# one copy of the expression into the tool away.
-TEMPLATES = (
-    ("Compute {expr}.", "{a} * {b}"),
-    ("What is {expr}?", "{a} * {b} + {c}"),
-    ("Find the value of {expr}.", "{a} + {b} + {c} + {d}"),
-    ("Calculate {expr}.", "{a} * {b} - {c}"),
-)
-DIGITS = (4, 6)  # operand length range: products of such numbers are 7-12 digits long
+# ``{expr}`` is repeated verbatim in the question so the answer is one copy of the expression into the tool
+# away. The questions differ only BEFORE the expression, so the distance from each operand in the prompt to its
+# copy in the call is the same in every problem.
+QUESTIONS = ("Compute {expr}.", "Calculate {expr}.", "Evaluate {expr}.", "Work out {expr}.")
+EXPRESSION = "{a} * {b} * {c}"
+OPERAND_RANGE = (100, 999)  # one o200k token each; products of three are 7-9 digits long
 
 
 @dataclass(frozen=True)
@@ -38,15 +42,10 @@ class ArithmeticProblem:
     answer: int
 
 
-def _operand(rng: random.Random) -> int:
-    digits = rng.randint(*DIGITS)
-    return rng.randint(10 ** (digits - 1), 10**digits - 1)
-
-
 def make_problem(rng: random.Random) -> ArithmeticProblem:
     """Draw one problem. The value is computed here with Python ints (exact), never by the model."""
-    question_template, expression_template = TEMPLATES[rng.randrange(len(TEMPLATES))]
-    expression = expression_template.format(**{name: _operand(rng) for name in "abcd"})
+    question_template = rng.choice(QUESTIONS)
+    expression = EXPRESSION.format(**{name: rng.randint(*OPERAND_RANGE) for name in "abc"})
     answer = eval(expression, {"__builtins__": {}})  # our own template of digits and + - *: safe to evaluate
     return ArithmeticProblem(question_template.format(expr=expression), expression, answer)
 

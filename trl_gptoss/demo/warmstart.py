@@ -23,11 +23,11 @@ from trl_gptoss.demo.task import make_problems
 class WarmStartConfig:
     """``tool_fraction`` of the demonstrations call the tool; the rest answer with a wrong guess."""
 
-    num_demonstrations: int = 512
+    num_demonstrations: int = 2048
     tool_fraction: float = 0.5
-    steps: int = 80
-    batch_size: int = 16
-    learning_rate: float = 2e-2
+    steps: int = 300
+    batch_size: int = 8
+    learning_rate: float = 3e-3
     warmup_steps: int = 5
     seed: int = 0
 
@@ -89,7 +89,8 @@ def warm_start(model, tokenizer, config: WarmStartConfig, *, progress: bool = Tr
     """Train ``model`` in place on the demonstrations; returns the loss of every step."""
     data = demonstrations(tokenizer, config)
     order = random.Random(config.seed + 1)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.0)
+    # fused: one kernel over all parameters (the 201k-row embedding and head are ~99% of them)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.0, fused=True)
     model.train()
     losses = []
     bar = tqdm(range(config.steps), desc="warm-start (SFT)", disable=not progress)
