@@ -21,10 +21,10 @@ def test_problems_are_seeded_exact_and_need_big_numbers():
     assert first == again and first != other
     for p in first:
         assert p.expression in p.question
-        operands = [int(t) for t in p.expression.split() if t.isdigit()]
-        assert len(operands) == 3 and all(100 <= n <= 999 for n in operands)
+        operands = [int(t) for t in p.expression.split() if t.isdigit()][:3]
+        assert len(operands) == 3 and all(100 <= n <= 999 for n in operands) and p.expression.endswith("% 1000")
         assert p.answer == eval(p.expression)  # noqa: S307  (our own digits-and-operators expression)
-    assert all(10**6 <= p.answer < 10**9 for p in first)  # far past mental arithmetic, always three o200k chunks
+    assert all(0 <= p.answer < 1000 for p in first) and len({p.answer for p in first}) > 40  # one token, not guessable
 
 
 def test_every_operand_is_one_token_at_the_same_distance_from_the_end_of_the_question(tokenizer):
@@ -33,10 +33,10 @@ def test_every_operand_is_one_token_at_the_same_distance_from_the_end_of_the_que
     for p in make_problems(40, 5):
         ids = tokenizer.encode(p.question, add_special_tokens=False)
         pieces = [tokenizer.decode([i]) for i in ids]
-        operand_offsets = tuple(len(ids) - k for k, piece in enumerate(pieces) if piece.isdigit())
-        assert [pieces[len(ids) - o] for o in operand_offsets] == [t for t in p.expression.split() if t.isdigit()]
+        operand_offsets = tuple(len(ids) - k for k, piece in enumerate(pieces) if piece.isdigit())[:3]
+        assert [pieces[len(ids) - o] for o in operand_offsets] == p.expression.split()[0:5:2]
         layouts.add(operand_offsets)
-        assert len(tokenizer.encode(str(p.answer), add_special_tokens=False)) == 3  # the answer's copy, too
+        assert len(tokenizer.encode(str(p.answer), add_special_tokens=False)) == 1  # the answer's copy: one token
     assert len(layouts) == 1, layouts
 
 

@@ -70,6 +70,13 @@ class JobArguments:
             "OUTPUT_DIR/warmstart); runs that share it start from the same policy."
         },
     )
+    warmstart_seed: int | None = field(
+        default=None,
+        metadata={
+            "help": "'embedded' only: seed of the model init and the demonstrations (default: --seed). Fix it "
+            "to compare GRPO seeds from one warm-started policy."
+        },
+    )
     warmstart_learning_rate: float = field(default=3e-3, metadata={"help": "'embedded' only: SFT learning rate."})
     use_peft: bool = field(default=False, metadata={"help": "Train LoRA adapters instead of all weights."})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})

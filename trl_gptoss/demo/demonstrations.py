@@ -7,9 +7,9 @@ always do so, which leaves GRPO something visible to learn:
   ``\\boxed{value}``::
 
       <|start|>assistant<|channel|>analysis<|message|>Exact arithmetic: use python.<|end|>
-      <|start|>assistant to=python<|channel|>analysis code<|message|>print(48213 * 7719)<|call|>
-      <|start|>python to=assistant<|channel|>...<|message|>372156147<|end|>            (no loss)
-      <|start|>assistant<|channel|>final<|message|>\\boxed{372156147}<|return|>
+      <|start|>assistant to=python<|channel|>analysis code<|message|>print(482 * 771 * 510 % 1000)<|call|>
+      <|start|>python to=assistant<|channel|>...<|message|>220<|end|>                     (no loss)
+      <|start|>assistant<|channel|>final<|message|>\\boxed{220}<|return|>
 
 - ``guess``: a short analysis, then a final ``\\boxed{}`` with a plausible but wrong number (a few digits of
   the true value changed): what a model that does not use the tool produces on this task.

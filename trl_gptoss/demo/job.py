@@ -52,21 +52,22 @@ def build_embedded_model(job: JobArguments, training, tokenizer) -> str:
     from trl_gptoss.demo.model import build_tiny_gpt_oss, save_checkpoint
     from trl_gptoss.demo.warmstart import WarmStartConfig, warm_start
 
+    seed = training.seed if job.warmstart_seed is None else job.warmstart_seed
     config = WarmStartConfig(
         num_demonstrations=job.warmstart_demonstrations,
         tool_fraction=job.warmstart_tool_fraction,
         steps=job.warmstart_steps,
         learning_rate=job.warmstart_learning_rate,
-        seed=training.seed,
+        seed=seed,
     )
     path = Path(job.warmstart_dir or Path(training.output_dir) / "warmstart")
     stamp = path / "warmstart.json"
-    wanted = {"seed": training.seed, **config.__dict__}
+    wanted = {"seed": seed, **config.__dict__}
     if stamp.is_file() and json.loads(stamp.read_text()).get("config") == wanted:
         logger.info("reusing the warm-started model in %s", path)
         return str(path)
     # the warm start stands for pre-training: always exact sink attention, whatever the RL run trains with
-    model = build_tiny_gpt_oss(tokenizer, seed=training.seed, attn_implementation="fa3_sink")
+    model = build_tiny_gpt_oss(tokenizer, seed=seed, attn_implementation="fa3_sink")
     model.set_experts_implementation("gptoss_sequential")
     start = time.perf_counter()
     losses = warm_start(model, tokenizer, config, progress=not training.disable_tqdm)

@@ -1,19 +1,21 @@
-"""A synthetic ReTool-style task whose answers need the python tool: the exact product of three 3-digit numbers.
+"""A synthetic ReTool-style task whose answers need the python tool: the last three digits of a product.
 
-Every problem states one integer expression verbatim (``482 * 771 * 510``); its answer is the exact 7-9 digit
-value, which no small model can produce in its head but one ``print(expression)`` in the sandbox does. The
-rows use the same prompt format and ``answer`` column as the shipped ReTool samples
-(``trl_gptoss.data.formats.retool_row``), so ``trl_gptoss.rewards.retool_reward`` scores them unchanged.
+Every problem states one Python expression verbatim (``482 * 771 * 510 % 1000``, the last three digits of the
+product of three 3-digit numbers); its answer is that exact value, which the demo model cannot work out in its
+head (a guess is right one time in a thousand) but one ``print(expression)`` in the sandbox does. The rows use
+the same prompt format and ``answer`` column as the shipped ReTool samples (``trl_gptoss.data.formats.retool_row``),
+so ``trl_gptoss.rewards.retool_reward`` scores them unchanged.
 
 Generation is a pure function of the seed (``random.Random(seed)``), so a run is reproducible and the
 training and evaluation splits never overlap (different seeds draw from a space of ~10^9 expressions).
 
-Why this shape: o200k splits digit runs into chunks of up to three (``\\p{N}{1,3}``), so each operand is one
-token, and every product of three 3-digit numbers has 7-9 digits, i.e. three chunks. Every problem has the
-same token layout: writing the call is a copy of three tokens from a fixed distance back, and so is writing the
-answer from the tool's output, circuits a two-layer model learns in a short warm-start. With 4-6 digit operands
-the chunks (``482``, ``13``) shift with the operand lengths and the demo model never learned to copy them; with
-``a * b + c`` mixed in (5-6 digit answers, two chunks) it copied the call but never the answer.
+Why this shape: o200k splits digit runs into chunks of up to three (``\\p{N}{1,3}``), so each operand and the
+answer are one token each and every problem has the same token layout. The tool call is then a copy of three
+tokens from a fixed distance back, and the final answer a copy of the one token the tool printed: circuits the
+two-layer demo model learns in a short warm-start. Measured on the way here (300 warm-start steps): with 4-6
+digit operands (chunks like ``482``, ``13`` that shift with the operand lengths) it never copied the call; with
+the whole 7-9 digit product as the answer (three chunks) it copied the call in 15 of 16 sampled calls and the
+answer's first chunk, but never all three (0 of 32 right).
 """
 
 from __future__ import annotations
@@ -28,9 +30,14 @@ from trl_gptoss.data.formats import retool_row
 # ``{expr}`` is repeated verbatim in the question so the answer is one copy of the expression into the tool
 # away. The questions differ only BEFORE the expression, so the distance from each operand in the prompt to its
 # copy in the call is the same in every problem.
-QUESTIONS = ("Compute {expr}.", "Calculate {expr}.", "Evaluate {expr}.", "Work out {expr}.")
-EXPRESSION = "{a} * {b} * {c}"
-OPERAND_RANGE = (100, 999)  # one o200k token each; products of three are 7-9 digits long
+QUESTIONS = (
+    "Compute {expr} (the last three digits of the product).",
+    "Calculate {expr} (the last three digits of the product).",
+    "What is {expr} (the last three digits of the product)?",
+    "Work out {expr} (the last three digits of the product).",
+)
+EXPRESSION = "{a} * {b} * {c} % 1000"
+OPERAND_RANGE = (100, 999)  # one o200k token each
 
 
 @dataclass(frozen=True)
@@ -46,7 +53,7 @@ def make_problem(rng: random.Random) -> ArithmeticProblem:
     """Draw one problem. The value is computed here with Python ints (exact), never by the model."""
     question_template = rng.choice(QUESTIONS)
     expression = EXPRESSION.format(**{name: rng.randint(*OPERAND_RANGE) for name in "abc"})
-    answer = eval(expression, {"__builtins__": {}})  # our own template of digits and + - *: safe to evaluate
+    answer = eval(expression, {"__builtins__": {}})  # our own template of digits and * %: safe to evaluate
     return ArithmeticProblem(question_template.format(expr=expression), expression, answer)
 
 
