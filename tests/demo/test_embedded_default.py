@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from tests.demo.small_run import SMALL_GRPO
 from trl_gptoss.demo.job import main
 from trl_gptoss.demo.paths import embedded_default_config
 
@@ -23,20 +24,11 @@ REDUCED = [
     "1.0",
     "--warmstart_learning_rate",
     "0.01",
-    "--num_prompts",
-    "8",
     "--max_steps",
     "2",
-    "--save_steps",
-    "1",
     "--temperature",
     "0.5",
-    "--per_device_train_batch_size",
-    "4",
-    "--num_generations",
-    "4",
-    "--max_completion_length",
-    "64",
+    *SMALL_GRPO,
 ]
 
 

