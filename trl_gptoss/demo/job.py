@@ -62,7 +62,7 @@ def build_embedded_model(job: JobArguments, training, tokenizer) -> str:
     )
     path = Path(job.warmstart_dir or Path(training.output_dir) / "warmstart")
     stamp = path / "warmstart.json"
-    wanted = {"seed": seed, **config.__dict__}
+    wanted = dict(config.__dict__)  # the seed is one of its fields
     if stamp.is_file() and json.loads(stamp.read_text()).get("config") == wanted:
         logger.info("reusing the warm-started model in %s", path)
         return str(path)
