@@ -7,6 +7,7 @@ Subcommands available now:
   save it with its chat template (``--save DIR``).
 - ``grpo`` / ``demo`` / ``plot``: the main GRPO job, the CPU embedded default, training curves
   (``trl_gptoss.demo.cli_commands``).
+- ``convert``: MXFP4 GPT-OSS hub checkpoint -> bf16 checkpoint, streaming (``trl_gptoss.checkpoint.command``).
 """
 
 from __future__ import annotations
@@ -136,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     from trl_gptoss.demo.cli_commands import register as register_training_commands
 
     register_training_commands(sub)
+    from trl_gptoss.checkpoint.command import register as register_convert
+
+    register_convert(sub)
     return parser
 
 
