@@ -111,3 +111,23 @@ def test_ifeval_kwargs_of_the_wrong_type_are_refused_at_load(instruction, kwargs
     row = {"prompt": "Write.", "instruction_id_list": ["punctuation:no_comma", instruction], "kwargs": [{}, kwargs]}
     with pytest.raises(ValueError, match=rf"verifyif Hub row 0: field 'kwargs\[1\]' \({instruction}\): .*{message}"):
         convert_hub_rows("verifyif", [row])
+
+
+def test_non_utf8_line_names_file_and_line(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(json.dumps(GOOD_RETOOL).encode() + b'\n{"question": "caf\xe9?", "answer": "1"}\n')
+    with pytest.raises(ValueError, match=r"rows.jsonl:2: not UTF-8 text \(invalid continuation byte at byte 17"):
+        load_task_dataset("retool", source="jsonl", path=str(path))
+
+
+def test_deeply_nested_json_names_file_and_line(tmp_path):
+    deep = '{"question": "q", "answer": "1", "extra": ' + "[" * 200_000 + "]" * 200_000 + "}"
+    path = _write(tmp_path, [GOOD_RETOOL, GOOD_RETOOL, deep])
+    with pytest.raises(ValueError, match=r"rows.jsonl:3: JSON nested too deeply"):
+        load_task_dataset("retool", source="jsonl", path=path)
+
+
+@pytest.mark.parametrize("limit", [True, False, 2.0, "3", 0, -1])
+def test_limit_that_is_not_a_positive_int_is_refused(limit):
+    with pytest.raises(ValueError, match=rf"limit must be a positive int .*got {limit!r}"):
+        load_task_dataset("retool", limit=limit)

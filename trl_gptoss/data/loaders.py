@@ -38,20 +38,36 @@ def _check_task(task: str) -> None:
 
 
 def read_jsonl(path: str) -> list[tuple[int, dict]]:
-    """``(line number, row)`` for every non-blank line; ``ValueError`` naming ``path:line`` for a bad one."""
+    """``(line number, row)`` for every non-blank line; ``ValueError`` naming ``path:line`` for a bad one
+    (not JSON, not an object, not UTF-8, or nested too deeply for the JSON decoder)."""
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(
+                    f"{path}:{number}: not UTF-8 text ({exc.reason} at byte {exc.start} of the line); "
+                    "re-encode the file as UTF-8"
+                ) from None
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except ValueError as exc:
                 raise ValueError(f"{path}:{number}: not valid JSON ({exc})") from None
+            except RecursionError:
+                raise ValueError(f"{path}:{number}: JSON nested too deeply for the decoder; flatten the row") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{path}:{number}: a row must be a JSON object, got {type(row).__name__}")
             rows.append((number, row))
     return rows
+
+
+def check_limit(limit) -> None:
+    """``limit`` must be ``None`` (every row) or a positive ``int``; a bool is refused, not read as 0 or 1."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be a positive int number of rows, or None for every row; got {limit!r}.")
 
 
 def read_samples(task: str) -> list[dict]:
@@ -101,13 +117,12 @@ def load_task_dataset(
         source: ``"sample"`` (shipped, offline), ``"jsonl"`` (a local file at ``path`` in the samples'
             format) or ``"hub"`` (downloads; see ``load_hub_task_dataset``).
         split: Hub split (ignored for samples).
-        limit: keep the first ``limit`` rows.
+        limit: keep the first ``limit`` rows (a positive ``int``; ``None``: all).
         hub_id: override the Hub dataset id (same row format as the default one).
         path: the JSON-lines file for ``source="jsonl"``.
     """
     _check_task(task)
-    if limit is not None and limit < 1:
-        raise ValueError(f"limit must be a positive number of rows, got {limit}.")
+    check_limit(limit)
     if source == "hub":
         return load_hub_task_dataset(task, split=split, limit=limit, hub_id=hub_id)
     if source not in ("sample", "jsonl"):
@@ -125,6 +140,7 @@ def load_hub_task_dataset(
 ) -> Dataset:
     """Download the task's Hub dataset and convert its rows (network; never called by the tests)."""
     _check_task(task)
+    check_limit(limit)
     from datasets import load_dataset  # lazy: only this path may download
 
     spec = HUB_DATASETS[task]
