@@ -1,7 +1,7 @@
 """GRPO for GPT-OSS with multi-turn python tool calls (ReTool), on the trl-gptoss trainer.
 
 One script from a 2-core laptop to many GPU nodes; the YAML picks the scale. Every GptOssGRPOConfig field and
-every JobArguments field (trl_gptoss/demo/arguments.py) can be set in the YAML or overridden on the command
+every JobArguments field (trl_gptoss/scripts/grpo_arguments.py) can be set in the YAML or overridden on the command
 line (``--learning_rate 5e-7``). Bad configs fail before any model loads, with what to change.
 
 CPU, no GPU, no downloads (what ``make demo`` runs; ~17 min on 2 cores: 6 min warm-start, 15 GRPO steps of ~45-60 s):
@@ -22,8 +22,7 @@ Outputs in ``output_dir``: checkpoints, ``trainer_state.json`` (log history), ``
 (``trl-gptoss plot RUN_DIR ...`` redraws and overlays them), ``README.md`` (model card), ``summary.json``.
 """
 
-from trl_gptoss.demo.arguments import parse_job_args
-from trl_gptoss.demo.job import run
+from trl_gptoss.scripts.grpo import parse_job_args, run
 
 
 def main(argv=None):

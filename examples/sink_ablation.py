@@ -14,9 +14,8 @@ Any other ``--field value`` is passed to both runs. Results measured on a 2-core
 import sys
 from pathlib import Path
 
-from trl_gptoss.demo.arguments import parse_job_args
-from trl_gptoss.demo.job import run
 from trl_gptoss.plotting import plot_runs
+from trl_gptoss.scripts.grpo import parse_job_args, run
 
 ATTENTIONS = ("fa3_sink", "sinkless")
 

@@ -6,7 +6,7 @@ Subcommands available now:
 - ``tokenizer``: build (or locate) the offline o200k Harmony tokenizer, print where it is cached, optionally
   save it with its chat template (``--save DIR``).
 - ``grpo`` / ``demo`` / ``plot``: the main GRPO job, the CPU embedded default, training curves
-  (``trl_gptoss.demo.cli_commands``).
+  (``trl_gptoss.scripts.cli_commands``).
 - ``convert``: MXFP4 GPT-OSS hub checkpoint -> bf16 checkpoint, streaming (``trl_gptoss.checkpoint.command``).
 """
 
@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--save", metavar="DIR", help="also save_pretrained it (vocabulary + chat template) to DIR")
     tok.set_defaults(func=_cmd_tokenizer)
     _add_vllm_serve(sub)
-    from trl_gptoss.demo.cli_commands import register as register_training_commands
+    from trl_gptoss.scripts.cli_commands import register as register_training_commands
 
     register_training_commands(sub)
     from trl_gptoss.checkpoint.command import register as register_convert

@@ -11,9 +11,9 @@ import json
 
 import pytest
 
-from tests.demo.small_run import SMALL_GRPO
-from trl_gptoss.demo.job import main
+from tests.scripts.small_run import SMALL_GRPO
 from trl_gptoss.demo.paths import embedded_default_config
+from trl_gptoss.scripts.grpo import main
 
 REDUCED = [
     "--warmstart_steps",

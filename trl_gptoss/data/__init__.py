@@ -1,13 +1,16 @@
-"""Task datasets (ReTool, GSM8K, VerifyIf) in TRL's conversational prompt format; offline samples shipped.
+"""Task datasets (ReTool, GSM8K, VerifyIf, the demo's arithmetic) in TRL's conversational prompt format.
 
-Public names: ``load_task_dataset``, ``load_hub_task_dataset``, ``convert_hub_rows``, ``read_samples``,
-``read_jsonl``, ``format_jsonl``, ``describe_constraint``, ``TASKS``, ``HUB_DATASETS``.
+``TASKS`` is the task table (name -> ``Task``: loader, reward, tools it needs, Hub dataset); the loaders read
+the offline samples shipped here, a JSON-lines file, or the Hub.
+
+Public names: ``TASKS``, ``Task``, ``HubDataset``, ``get_task``, ``load_task_dataset``, ``load_hub_task_dataset``,
+``convert_hub_rows``, ``read_samples``, ``read_jsonl``, ``format_jsonl``, ``describe_constraint``.
 """
+
+import warnings
 
 from trl_gptoss.data.formats import describe_constraint
 from trl_gptoss.data.loaders import (
-    HUB_DATASETS,
-    TASKS,
     convert_hub_rows,
     format_jsonl,
     load_hub_task_dataset,
@@ -15,15 +18,30 @@ from trl_gptoss.data.loaders import (
     read_jsonl,
     read_samples,
 )
+from trl_gptoss.data.tasks import TASKS, HubDataset, Task, get_task
 
 __all__ = [
-    "HUB_DATASETS",
     "TASKS",
+    "HubDataset",
+    "Task",
     "convert_hub_rows",
     "describe_constraint",
     "format_jsonl",
+    "get_task",
     "load_hub_task_dataset",
     "load_task_dataset",
     "read_jsonl",
     "read_samples",
 ]
+
+
+def __getattr__(name: str):
+    if name == "HUB_DATASETS":  # deprecated: the Hub dataset is a field of each TASKS row
+        warnings.warn(
+            "trl_gptoss.data.HUB_DATASETS is deprecated and will be removed in the next release; "
+            "read trl_gptoss.data.TASKS[name].hub instead",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return {task: {"path": t.hub.path, "name": t.hub.name} for task, t in TASKS.items() if t.hub is not None}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

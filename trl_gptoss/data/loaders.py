@@ -16,25 +16,23 @@ import json
 import os
 from typing import TYPE_CHECKING
 
-from trl_gptoss.data import formats
+from trl_gptoss.data.tasks import Task, get_task
 
 if TYPE_CHECKING:  # `datasets` takes ~1 s to import: only the functions that build a Dataset import it
     from datasets import Dataset
 
 SAMPLES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "samples")
-TASKS = ("retool", "gsm8k", "verifyif")
-HUB_DATASETS = {
-    # ReTool's RL stage trains on DAPO-Math-17k (integer answers) with a code interpreter.
-    "retool": {"path": "BytedTsinghua-SIA/DAPO-Math-17k", "name": None},
-    "gsm8k": {"path": "openai/gsm8k", "name": "main"},
-    # Rule-verifiable instructions; rows using instructions without a checker here are dropped.
-    "verifyif": {"path": "google/IFEval", "name": None},
-}
 
 
-def _check_task(task: str) -> None:
-    if task not in TASKS:
-        raise ValueError(f"Unknown task {task!r}; choose one of {TASKS}.")
+def _file_task(task: str) -> Task:
+    """The row of a task whose rows live in files (all but the generated ones)."""
+    spec = get_task(task)
+    if spec.format_row is None:
+        raise ValueError(
+            f"task {task!r} is generated, not read from files; load it with "
+            f"trl_gptoss.data.TASKS[{task!r}].load(num_prompts=..., seed=...)"
+        )
+    return spec
 
 
 def read_jsonl(path: str) -> list[tuple[int, dict]]:
@@ -72,7 +70,7 @@ def check_limit(limit) -> None:
 
 def read_samples(task: str) -> list[dict]:
     """The raw rows of the shipped sample file ``samples/<task>.jsonl``."""
-    _check_task(task)
+    _file_task(task)
     return [row for _, row in read_jsonl(_sample_path(task))]
 
 
@@ -80,21 +78,13 @@ def _sample_path(task: str) -> str:
     return os.path.join(SAMPLES_DIR, f"{task}.jsonl")
 
 
-def _format_row(task: str, row: dict) -> dict:
-    """One file row (fields ``question``/``answer``, or ``instruction``/``constraints``) as a task row."""
-    if task == "verifyif":
-        return formats.verifyif_row(formats.field(row, "instruction"), formats.field(row, "constraints"))
-    make = formats.retool_row if task == "retool" else formats.gsm8k_row
-    return make(formats.field(row, "question"), formats.field(row, "answer"))
-
-
 def format_jsonl(task: str, path: str) -> list[dict]:
     """Every row of a JSON-lines file as a task row; ``ValueError`` naming ``path:line`` and the field."""
-    _check_task(task)
+    format_row = _file_task(task).format_row
     formatted = []
     for number, row in read_jsonl(path):
         try:
-            formatted.append(_format_row(task, row))
+            formatted.append(format_row(row))
         except ValueError as exc:
             raise ValueError(f"{path}:{number}: {exc}") from None
     if not formatted:
@@ -113,7 +103,7 @@ def load_task_dataset(
     """``Dataset`` with a conversational ``prompt`` column and the reward's ground-truth column.
 
     Args:
-        task: ``"retool"``, ``"gsm8k"`` or ``"verifyif"``.
+        task: a ``TASKS`` name whose rows live in files (``"retool"``, ``"gsm8k"``, ``"verifyif"``).
         source: ``"sample"`` (shipped, offline), ``"jsonl"`` (a local file at ``path`` in the samples'
             format) or ``"hub"`` (downloads; see ``load_hub_task_dataset``).
         split: Hub split (ignored for samples).
@@ -121,7 +111,7 @@ def load_task_dataset(
         hub_id: override the Hub dataset id (same row format as the default one).
         path: the JSON-lines file for ``source="jsonl"``.
     """
-    _check_task(task)
+    _file_task(task)
     check_limit(limit)
     if source == "hub":
         return load_hub_task_dataset(task, split=split, limit=limit, hub_id=hub_id)
@@ -139,12 +129,11 @@ def load_hub_task_dataset(
     task: str, split: str = "train", limit: int | None = None, hub_id: str | None = None
 ) -> Dataset:
     """Download the task's Hub dataset and convert its rows (network; never called by the tests)."""
-    _check_task(task)
     check_limit(limit)
+    hub = _hub_dataset(task)
     from datasets import load_dataset  # lazy: only this path may download
 
-    spec = HUB_DATASETS[task]
-    raw = load_dataset(hub_id or spec["path"], spec["name"] if hub_id is None else None, split=split)
+    raw = load_dataset(hub_id or hub.path, hub.name if hub_id is None else None, split=split)
     if limit is not None:
         raw = raw.select(range(min(limit, len(raw))))
     return convert_hub_rows(task, raw)
@@ -152,8 +141,7 @@ def load_hub_task_dataset(
 
 def convert_hub_rows(task: str, rows) -> Dataset:
     """Convert Hub rows (any iterable of dicts in the default dataset's format) to task rows."""
-    _check_task(task)
-    convert = {"retool": formats.dapo_math_row, "gsm8k": _gsm8k_hub_row, "verifyif": formats.ifeval_row}[task]
+    convert = _hub_dataset(task).convert
     converted = []
     for index, row in enumerate(rows):
         try:
@@ -169,5 +157,8 @@ def convert_hub_rows(task: str, rows) -> Dataset:
     return Dataset.from_list(converted)
 
 
-def _gsm8k_hub_row(row: dict) -> dict:
-    return formats.gsm8k_row(formats.field(row, "question"), formats.field(row, "answer"))
+def _hub_dataset(task: str):
+    hub = _file_task(task).hub
+    if hub is None:
+        raise ValueError(f"task {task!r} has no Hub dataset; use source='sample' or 'jsonl'")
+    return hub

@@ -1,10 +1,13 @@
-"""The CPU embedded default and the main GRPO job behind ``examples/retool_grpo.py`` / ``trl-gptoss grpo``.
+"""The CPU embedded default: a tiny GPT-OSS, its task and its warm-start (the GRPO job is
+``trl_gptoss.scripts.grpo``; ``model_name_or_path: embedded`` selects this model).
 
-- ``task``: a synthetic ReTool-style task (exact arithmetic that needs the python tool), seeded.
+- ``task``: a synthetic ReTool-style task (exact arithmetic that needs the python tool), seeded; the
+  ``arithmetic`` row of ``trl_gptoss.data.TASKS``.
 - ``model``: a tiny GPT-OSS over the real o200k Harmony vocabulary, built offline.
 - ``demonstrations`` / ``warmstart``: Harmony tool-use demonstrations and the supervised warm-start.
-- ``arguments`` / ``job`` / ``summary``: config parsing and checks, the run, its plots/model card/summary.
-- ``ablation``: the ``sinkless`` attention of the retrospective's fa2-vs-fa3 experiment.
+- ``ablation``: the ``sinkless`` attention of the fa2-vs-fa3 ablation (``examples/sink_ablation.py``).
+- ``paths``: the packaged YAML of the CPU demo.
 
+``arguments``, ``job``, ``summary`` and ``cli_commands`` are deprecated aliases of ``trl_gptoss.scripts``.
 Nothing here is imported by ``import trl_gptoss``; submodules load what they need lazily.
 """

@@ -3,23 +3,16 @@
 It keeps what makes GPT-OSS GPT-OSS for RL: the 201,088-entry Harmony vocabulary (so prompts, tool calls and
 tool outputs are the token ids a real checkpoint sees), learnable attention sinks, alternating sliding/full
 attention, GQA, a top-k MoE with the clamped SwiGLU, YaRN RoPE. ``head_dim`` is 64 because vLLM's CPU
-attention backend supports no smaller head; everything else is shrunk until a GRPO step fits in seconds on
-two cores. The vocabulary dominates the parameter count: ``2 * 201088 * hidden_size`` (embedding + untied
-head; vLLM's GPT-OSS loader expects an untied ``lm_head``) = 51.5M of the ~52M parameters at hidden 128.
+attention backend supports no smaller head. The vocabulary dominates the parameter count:
+``2 * 201088 * hidden_size`` (embedding + untied head; vLLM's GPT-OSS loader expects an untied ``lm_head``).
 
-Sinks start at ``U(0, 3)``: large, as in trained GPT-OSS checkpoints, so attention that ignores them is
-measurably wrong (the retrospective's fa2-vs-fa3 finding needs sinks that matter).
+Sinks start at ``U(SINK_INIT_RANGE)``: large, as in trained GPT-OSS checkpoints, so attention that ignores
+them is measurably wrong.
 
-The initialisation also gives the model a *copy prior*, standing in for pre-training: a pretrained model can
-repeat a token from its context (a tool call copies the question's numbers, the answer copies the tool's
-output), a random one cannot, and learning it from scratch takes far more steps than a demo has. So the
-embedding rows start at norm ``EMBEDDING_NORM``, ``lm_head`` starts as a copy of them (untied thereafter: vLLM's
-loader wants its own ``lm_head``), and the last layer's value/output projections start as the identity, so
-"attend to a token, predict it" is a path that already exists and the warm-start only has to learn where to
-attend. Measured on 16 tool demonstrations per step (teacher-forced accuracy on the copied number tokens of
-held-out demonstrations): with the whole prior at lr 3e-3, 0.43 after 75 steps and 1.00 after 100; with the
-embedding/head part alone, 0.00 after 75 (lr 3e-3) and after 100 (lr 1e-2); from the plain initialisation,
-no exact copy in 32 sampled calls after 100 steps (lr 1e-2, hidden 64 and 128).
+The initialisation gives the model a *copy prior*, standing in for pre-training: embedding rows at norm
+``EMBEDDING_NORM``, ``lm_head`` starting as their (untied) copy, and identity value/output projections in the
+last layer, so "attend to a token, predict it" is a path that already exists and the warm-start only has to
+learn where to attend. Why, and what it measured without it: docs/quickstart.md ("The demo's design").
 """
 
 from __future__ import annotations

@@ -4,18 +4,13 @@ Every problem states one Python expression verbatim (``482 * 771 * 510 % 1000``,
 product of three 3-digit numbers); its answer is that exact value, which the demo model cannot work out in its
 head (a guess is right one time in a thousand) but one ``print(expression)`` in the sandbox does. The rows use
 the same prompt format and ``answer`` column as the shipped ReTool samples (``trl_gptoss.data.formats.retool_row``),
-so ``trl_gptoss.rewards.retool_reward`` scores them unchanged.
+so ``trl_gptoss.rewards.retool_reward`` scores them unchanged; the task is the ``arithmetic`` row of
+``trl_gptoss.data.TASKS``.
 
 Generation is a pure function of the seed (``random.Random(seed)``), so a run is reproducible and the
 training and evaluation splits never overlap (different seeds draw from a space of ~10^9 expressions).
-
-Why this shape: o200k splits digit runs into chunks of up to three (``\\p{N}{1,3}``), so each operand and the
-answer are one token each and every problem has the same token layout. The tool call is then a copy of three
-tokens from a fixed distance back, and the final answer a copy of the one token the tool printed: circuits the
-two-layer demo model learns in a short warm-start. Measured on the way here (300 warm-start steps): with 4-6
-digit operands (chunks like ``482``, ``13`` that shift with the operand lengths) it never copied the call; with
-the whole 7-9 digit product as the answer (three chunks) it copied the call in 15 of 16 sampled calls and the
-answer's first chunk, but never all three (0 of 32 right).
+Each operand and the answer are one o200k token (digit runs split in chunks of up to three), and every
+problem has the same token layout. Why this shape: docs/quickstart.md ("The demo's design").
 """
 
 from __future__ import annotations

@@ -107,3 +107,31 @@ def warm_start(model, tokenizer, config: WarmStartConfig, *, progress: bool = Tr
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
     model.eval()
     return losses
+
+
+def warm_started_checkpoint(tokenizer, config: WarmStartConfig, path, *, progress: bool = True):
+    """The embedded model warm-started with ``config``, saved at ``path`` (returned as a ``Path``).
+
+    ``path/warmstart.json`` records the config, the losses and the time; a later call with the same config
+    reuses the checkpoint, so runs that share ``path`` start from the same policy. The warm-start stands for
+    pre-training: it always trains with exact sink attention, whatever attention the RL run then uses.
+    """
+    import json
+    import time
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from trl_gptoss.demo.model import build_tiny_gpt_oss, save_checkpoint
+
+    path = Path(path)
+    stamp = path / "warmstart.json"
+    wanted = asdict(config)
+    if stamp.is_file() and json.loads(stamp.read_text()).get("config") == wanted:
+        return path
+    model = build_tiny_gpt_oss(tokenizer, seed=config.seed, attn_implementation="fa3_sink")
+    model.set_experts_implementation("gptoss_sequential")
+    start = time.perf_counter()
+    losses = warm_start(model, tokenizer, config, progress=progress)
+    save_checkpoint(model, tokenizer, path)
+    stamp.write_text(json.dumps({"config": wanted, "losses": losses, "seconds": time.perf_counter() - start}))
+    return path

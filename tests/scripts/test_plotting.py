@@ -5,8 +5,8 @@ import json
 import pytest
 
 from trl_gptoss.cli import main as cli_main
-from trl_gptoss.demo.summary import summarize
 from trl_gptoss.plotting import PANELS, ema, find_trainer_state, load_log_history, plot_runs
+from trl_gptoss.scripts.grpo_summary import summarize
 
 
 def _write_run(path, rewards, mismatch, checkpoint=None):

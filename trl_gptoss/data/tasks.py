@@ -1,0 +1,134 @@
+"""The task table: every task the GRPO job trains on, one row each.
+
+``TASKS[name]`` is a ``Task``: how its prompts load (``Task.load``), the reward that scores its completions
+(TRL's ``f(completions, **columns) -> list[float]``), the tools a completion must be able to call, and where
+its rows come from: shipped samples / JSON-lines files (``format_row``), the Hub (``hub``), or a generator
+(``generate``). A new task is one row here plus its reward function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from trl_gptoss import rewards
+from trl_gptoss.data import formats
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+
+@dataclass(frozen=True)
+class HubDataset:
+    """A task's default Hub dataset: ``load_dataset(path, name)``; ``convert`` maps one of its rows to a task
+    row (``None`` drops the row)."""
+
+    path: str
+    name: str | None
+    convert: Callable[[dict], dict | None]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task. Exactly one of ``format_row`` (rows read from files: ``samples/<name>.jsonl`` or a JSON-lines
+    file) and ``generate`` (``(num_prompts, seed) -> Dataset``) is set."""
+
+    name: str
+    reward: Callable[..., list[float]]
+    tools: tuple[str, ...] = ()
+    format_row: Callable[[dict], dict] | None = None
+    hub: HubDataset | None = None
+    generate: Callable[[int, int], Dataset] | None = None
+
+    def __post_init__(self):
+        if (self.format_row is None) == (self.generate is None):
+            raise ValueError(f"task {self.name!r}: give exactly one of format_row and generate")
+        if self.hub is not None and self.format_row is None:
+            raise ValueError(f"task {self.name!r}: a Hub dataset needs format_row (its rows are task rows)")
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The ``source`` values ``load`` accepts."""
+        if self.generate is not None:
+            return ("generated",)
+        return ("sample", "jsonl", "hub") if self.hub is not None else ("sample", "jsonl")
+
+    def load(
+        self,
+        *,
+        source: str | None = None,
+        limit: int | None = None,
+        hub_id: str | None = None,
+        path: str | None = None,
+        num_prompts: int = 512,
+        seed: int = 0,
+    ) -> Dataset:
+        """The prompts (TRL conversational ``prompt`` column) and the reward's ground-truth column.
+
+        Generated tasks draw ``num_prompts`` problems from ``seed``; the others read ``source`` (default
+        ``"sample"``) through ``load_task_dataset``. ``limit`` keeps the first rows in both cases.
+        """
+        if self.generate is not None:
+            if source not in (None, "generated"):
+                raise ValueError(f"task {self.name!r} is generated, not read: source must be None, got {source!r}")
+            dataset = self.generate(num_prompts, seed)
+            return dataset.select(range(min(limit, len(dataset)))) if limit is not None else dataset
+        from trl_gptoss.data.loaders import load_task_dataset
+
+        return load_task_dataset(self.name, source=source or "sample", limit=limit, hub_id=hub_id, path=path)
+
+
+def _question_answer(make: Callable[[str, str], dict]) -> Callable[[dict], dict]:
+    def format_row(row: dict) -> dict:
+        return make(formats.field(row, "question"), formats.field(row, "answer"))
+
+    return format_row
+
+
+def _verifyif_row(row: dict) -> dict:
+    return formats.verifyif_row(formats.field(row, "instruction"), formats.field(row, "constraints"))
+
+
+def _arithmetic(num_prompts: int, seed: int) -> Dataset:
+    from trl_gptoss.demo.task import arithmetic_dataset  # imports `datasets`: only when the task is used
+
+    return arithmetic_dataset(num_prompts, seed=seed)
+
+
+TASKS: dict[str, Task] = {
+    task.name: task
+    for task in (
+        # The CPU demo's synthetic ReTool-style task: exact arithmetic only the python tool gets right.
+        Task("arithmetic", rewards.retool_reward, tools=("python",), generate=_arithmetic),
+        # ReTool's RL stage trains on DAPO-Math-17k (integer answers) with a code interpreter.
+        Task(
+            "retool",
+            rewards.retool_reward,
+            tools=("python",),
+            format_row=_question_answer(formats.retool_row),
+            hub=HubDataset("BytedTsinghua-SIA/DAPO-Math-17k", None, formats.dapo_math_row),
+        ),
+        Task(
+            "gsm8k",
+            rewards.gsm8k_reward,
+            format_row=_question_answer(formats.gsm8k_row),
+            hub=HubDataset("openai/gsm8k", "main", _question_answer(formats.gsm8k_row)),
+        ),
+        # Rule-verifiable instructions; rows using instructions without a checker here are dropped.
+        Task(
+            "verifyif",
+            rewards.verifyif_reward,
+            format_row=_verifyif_row,
+            hub=HubDataset("google/IFEval", None, formats.ifeval_row),
+        ),
+    )
+}
+
+
+def get_task(name: str) -> Task:
+    """``TASKS[name]``, or ``ValueError`` listing the task names."""
+    try:
+        return TASKS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"Unknown task {name!r}; choose one of {sorted(TASKS)}") from None

@@ -1,0 +1,160 @@
+"""The GRPO job: config -> dataset -> model -> ``GptOssGRPOTrainer`` -> checkpoint, plots, model card, summary.
+
+``examples/retool_grpo.py`` and ``trl-gptoss grpo`` run ``main(argv)``; every scale is this job with another
+YAML. ``model_name_or_path: embedded`` is the CPU demo: a tiny GPT-OSS built offline and warm-started
+(``trl_gptoss.demo``), then trained and served by vLLM like any checkpoint. Ctrl-C stops the rollout server and
+leaves the last saved checkpoint as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from pathlib import Path
+
+from trl_gptoss.data.tasks import TASKS
+from trl_gptoss.scripts.grpo_arguments import EMBEDDED_MODEL, JobArguments, parse_job_args
+from trl_gptoss.scripts.grpo_checks import check_job
+
+__all__ = [
+    "EMBEDDED_MODEL",
+    "JobArguments",
+    "build_embedded_model",
+    "check_job",
+    "load_dataset_for",
+    "main",
+    "parse_job_args",
+    "peft_config",
+    "run",
+    "set_aside_incomplete_checkpoints",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def load_dataset_for(job: JobArguments, seed: int):
+    """The prompts (TRL conversational ``prompt`` column) and the reward's ground-truth column."""
+    task = TASKS[job.task]
+    if task.generate is not None:
+        return task.load(num_prompts=job.num_prompts, seed=seed, limit=job.dataset_limit)
+    return task.load(source=job.dataset_source, limit=job.dataset_limit, hub_id=job.dataset_name)
+
+
+def build_embedded_model(job: JobArguments, training, tokenizer) -> str:
+    """The tiny GPT-OSS warm-started on demonstrations, saved in ``warmstart_dir`` (``OUTPUT_DIR/warmstart``).
+
+    Cached: a second run with the same warm-start settings and seed reuses the saved checkpoint.
+    """
+    from trl_gptoss.demo.warmstart import WarmStartConfig, warm_started_checkpoint
+
+    config = WarmStartConfig(
+        num_demonstrations=job.warmstart_demonstrations,
+        tool_fraction=job.warmstart_tool_fraction,
+        steps=job.warmstart_steps,
+        learning_rate=job.warmstart_learning_rate,
+        seed=training.seed if job.warmstart_seed is None else job.warmstart_seed,
+    )
+    path = Path(job.warmstart_dir or Path(training.output_dir) / "warmstart")
+    return str(warm_started_checkpoint(tokenizer, config, path, progress=not training.disable_tqdm))
+
+
+def peft_config(job: JobArguments):
+    if not job.use_peft:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=job.lora_r,
+        lora_alpha=job.lora_alpha,
+        lora_dropout=job.lora_dropout,
+        target_modules=list(job.lora_target_modules),
+        task_type="CAUSAL_LM",
+    )
+
+
+def _tokenizer(job: JobArguments):
+    if job.model_name_or_path == EMBEDDED_MODEL:
+        from trl_gptoss.harmony import harmony_tokenizer
+
+        return harmony_tokenizer()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(job.model_name_or_path)
+
+
+def _hub_dataset_name(job: JobArguments) -> str | None:
+    hub = TASKS[job.task].hub
+    return (job.dataset_name or hub.path) if job.dataset_source == "hub" and hub is not None else None
+
+
+def _model_init_dtype(job: JobArguments, training) -> None:
+    if job.model_name_or_path != EMBEDDED_MODEL:
+        init = dict(training.model_init_kwargs or {})
+        init.setdefault("dtype", job.dtype)
+        training.model_init_kwargs = init
+
+
+def set_aside_incomplete_checkpoints(output_dir) -> list[Path]:
+    """Rename ``checkpoint-N`` folders without ``trainer_state.json`` to ``checkpoint-N.incomplete``.
+
+    The Trainer writes a checkpoint in place and ``trainer_state.json`` last, so a run stopped during a save
+    leaves a partial ``checkpoint-N``, which ``--resume_from_checkpoint latest`` would pick (and fail to load)
+    as the newest; renamed, it no longer matches ``checkpoint-<digits>`` and the newest complete checkpoint is
+    used. A stale ``checkpoint-N.incomplete`` from an earlier interrupted save of the same step is replaced.
+    """
+    moved = []
+    for path in sorted(Path(output_dir).glob("checkpoint-*")):
+        if re.fullmatch(r"checkpoint-\d+", path.name) and path.is_dir() and not (path / "trainer_state.json").exists():
+            target = path.with_name(f"{path.name}.incomplete")
+            if target.exists():  # an earlier interrupted save of the same step: no more use than this one
+                shutil.rmtree(target)
+            path.rename(target)
+            moved.append(target)
+    return moved
+
+
+def run(job: JobArguments, training) -> dict:
+    """Train; returns the summary (also printed). The trainer's server is stopped whatever happens."""
+    import trl_gptoss  # noqa: F401  (registers fa3_sink and gptoss_sequential)
+    import trl_gptoss.demo.ablation  # noqa: F401  (registers the "sinkless" attention of the ablation)
+    from trl_gptoss.scripts.grpo_summary import finish_run
+    from trl_gptoss.trainer import GptOssGRPOTrainer
+
+    tokenizer = _tokenizer(job)
+    model = (
+        build_embedded_model(job, training, tokenizer)
+        if job.model_name_or_path == EMBEDDED_MODEL
+        else job.model_name_or_path
+    )
+    _model_init_dtype(job, training)
+    dataset = load_dataset_for(job, seed=training.seed)
+    trainer = GptOssGRPOTrainer(
+        model=model,
+        reward_funcs=[TASKS[job.task].reward],
+        args=training,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config(job),
+    )
+    try:
+        resume = training.resume_from_checkpoint  # TrainingArguments' field; "latest" = newest in output_dir
+        trainer.train(resume_from_checkpoint=True if resume == "latest" else resume)
+        trainer.save_model(training.output_dir)
+        return finish_run(trainer, base_model=model, dataset_name=_hub_dataset_name(job), plot=job.plot)
+    except KeyboardInterrupt:
+        print(
+            f"\ninterrupted: the rollout server is being stopped; checkpoints saved so far are in "
+            f"{training.output_dir} (resume with --resume_from_checkpoint latest)"
+        )
+        if training.should_save:
+            for path in set_aside_incomplete_checkpoints(training.output_dir):
+                print(f"interrupted while saving: {path} is incomplete, kept under that name for inspection")
+        raise
+    finally:
+        trainer.close()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    job, training = parse_job_args(argv)
+    return run(job, training)
