@@ -22,7 +22,7 @@ def _as_trl(reward, completions, **columns):
 RETOOL_TABLE = [
     ("The answer is \\boxed{1,024}.", "1024", 1.0),
     ("\\boxed{\\frac{7}{2}}", "3.5", 1.0),
-    ("First \\boxed{3} then corrected: \\boxed{4}", "4", 1.0),
+    ("First \\boxed{3} then corrected: \\boxed{4}", "4", -1.0),  # every box must state the answer
     ("First \\boxed{4} then corrected: \\boxed{3}", "4", -1.0),
     ("The answer is 12 (no box)", "12", -1.0),
     ("\\boxed{12\\%}", "12", 1.0),

@@ -1,19 +1,26 @@
 """Final-answer extraction and exact comparison for math rewards (ReTool, GSM8K).
 
 The contract (see docs/tools_and_rewards.md, "Rewards' contract"): every function here takes any string,
-returns in time linear in its length, and never raises for a completion.
+returns in time linear in its length, never raises for a completion, and errs towards a false negative,
+never a false positive.
 
-- **Marked answers only.** The answer is the last ``\\boxed{}``/``\\fbox{}``, else the value after the
-  last ``####``, else after the last "answer is" / "Answer:" / "answer =". Only the last marker of a
-  kind counts; a marker with nothing after it (a truncated completion) gives no answer. A last box that
-  is unbalanced or longer than ``MAX_ANSWER_CHARS`` gives no answer. There is no "last number in the
-  text" fallback in the rewards: it would pay a completion that lists guesses. ``extract_final_answer``
-  offers one for evaluation only, and only when the last line holds exactly one number.
-- **One value.** The marked answer must be one number (or one symbolic expression): ``3, 4, 5``,
-  ``3 or 4``, ``1170 is wrong`` are not numbers and never match a numeric truth.
-- **Exact numbers.** Numbers compare as ``Fraction``. Integers and finite decimals compare exactly; the
-  only tolerance (relative ``1e-6``) lets a written decimal approximate a value whose decimal expansion
-  does not terminate (``0.3333333`` for ``1/3``). ``123456790`` never matches ``123456789``.
+- **The final message only.** Raw Harmony text is scored from the last ``final`` channel message's body
+  up to its stop token; Harmony text without a final message has no answer.
+- **Marked answers only.** The answers are the outermost ``\\boxed{}``/``\\fbox{}``, else the values after
+  each ``####``, else the value after the last "answer is" / "Answer:" / "answer =". A rewarded
+  completion must state the truth in EVERY box (every ``####``): ``\\boxed{3} or \\boxed{4}`` lists
+  guesses. A box that only wraps a box is its content (``\\boxed{\\boxed{4}}`` is ``4``); a box inside
+  other text is part of that text (``\\boxed{3 + \\boxed{4}}`` is ``3 + \\boxed{4}``). A marker with
+  nothing after it, an unclosed box or one longer than ``MAX_ANSWER_CHARS`` gives no answer. There is no
+  "last number in the text" fallback in the rewards; ``extract_final_answer`` offers one for evaluation.
+- **One value.** A numeric truth needs one number: ``3, 4``, ``3 or 4``, ``1170 not``, ``2(3)`` are not.
+- **Exact numbers, precision as written.** Numbers compare as ``Fraction``. The one approximation allowed:
+  a written decimal (a point with digits after it) of at least ``min_digits`` significant digits stands for
+  a value whose decimal expansion does not terminate when it is that value rounded to nearest, or toward
+  zero, at the decimal's own written precision (``0.3333333`` and ``333333.7`` for ``1/3`` and
+  ``1000001/3``; not ``333333.5``, ``0.33`` or an integer).
+- **Symbolic answers compare by structure** (``structure.py``); prose answers (words only, one of 3+
+  letters) compare case-insensitively.
 """
 
 from __future__ import annotations
@@ -22,25 +29,38 @@ import re
 from collections import deque
 from fractions import Fraction
 
-from trl_gptoss.rewards.numbers import MAX_ANSWER_CHARS, frac_to_slash, parse_number, strip_latex
+from trl_gptoss.rewards.numbers import MAX_ANSWER_CHARS, WrittenNumber, read_number, strip_latex
+from trl_gptoss.rewards.structure import same_structure
 
-_HARMONY_FINAL = "<|channel|>final<|message|>"
-_HARMONY_STOPS = ("<|return|>", "<|end|>", "<|call|>")
-_BOX_COMMANDS = ("\\boxed", "\\fbox")
+MIN_DIGITS = 6
+MAX_DISTINCT_ANSWERS = 4  # more distinct marked answers than this is a list of guesses: no answer
+_FINAL_HEADER = re.compile(r"<\|channel\|>final(?![\w-])[^<>\n]{0,200}(?:<\|constrain\|>[^<>\n]{0,200})?<\|message\|>")
+_HARMONY_TOKEN = re.compile(
+    r"<\|(?:start|end|message|channel|constrain|call|return|endoftext|startoftext|reserved_\d+)\|>"
+)
+_HEADER_TOKENS = ("<|channel|>", "<|message|>")
+_BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 _BOX_GAP = 8  # spaces or tabs allowed between \boxed and its brace
 _GSM8K_MARK = "####"
+_BLANK = re.compile(r"\s*")
 _ANSWER_PHRASE = re.compile(r"answer[ \t]*(?:is\b[ \t]*:?|:|=)", re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
-_TEXT_NOISE = re.compile(r"[\s{}()]")
+_PROSE = re.compile(r"[A-Za-z]+(?:[ '\-]+[A-Za-z]+)*")
+_LONG_WORD = re.compile(r"[A-Za-z]{3}")
 
 
 def completion_text(completion) -> str:
-    """The text of a completion: a string, or TRL's conversational ``[{"role", "content"}, ...]``.
+    """The scored text of a completion: a string, or TRL's conversational ``[{"role", "content"}, ...]``.
 
     For a message list, the last assistant message's content (string or list of ``{"type": "text"}``
-    parts; other parts are skipped). Raw Harmony text keeps only the last ``final`` channel message.
-    Raises ``ValueError`` only for a value that is neither (a programming error, not a completion).
+    parts; other parts are skipped); ``None`` is ``""``. In Harmony text only the body of the last
+    ``final`` channel message counts, up to the next Harmony token (``<|end|>``, ``<|return|>``, ...); text
+    with Harmony headers but no final message scores ``""``; text without headers is cut at its first
+    Harmony token (a final message prefilled by the prompt). Raises ``ValueError`` only for a value that
+    is neither (a programming error, not a completion).
     """
+    if completion is None:
+        return ""
     if isinstance(completion, list):
         assistant = [m for m in completion if isinstance(m, dict) and m.get("role", "assistant") == "assistant"]
         content = assistant[-1].get("content", "") if assistant else ""
@@ -49,48 +69,86 @@ def completion_text(completion) -> str:
         completion = content if isinstance(content, str) else ""
     if not isinstance(completion, str):
         raise ValueError(f"A completion must be a str or a list of messages, got {type(completion).__name__}.")
-    if _HARMONY_FINAL in completion:
-        completion = completion.rsplit(_HARMONY_FINAL, 1)[1].rstrip()
-        for stop in _HARMONY_STOPS:
-            if completion.endswith(stop):
-                completion = completion[: -len(stop)]
-                break
-    return completion
+    last_final = deque(_FINAL_HEADER.finditer(completion), maxlen=1)
+    if last_final:
+        start = last_final[0].end()
+    elif any(token in completion for token in _HEADER_TOKENS):
+        return ""  # Harmony messages, none of them final: analysis and tool output are not answers
+    else:
+        start = 0
+    stop = _HARMONY_TOKEN.search(completion, start)
+    return completion[start : stop.start() if stop else len(completion)]
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` / ``\\fbox{...}``, or ``None``.
-
-    ``None`` also when that last box is unbalanced (truncated) or its content is longer than
-    ``MAX_ANSWER_CHARS``: the scan never reads more than that many characters past the brace.
-    """
-    start = max(text.rfind(command) for command in _BOX_COMMANDS)
-    if start < 0:
-        return None
-    command = next(c for c in _BOX_COMMANDS if text.startswith(c, start))
-    gap = text[start + len(command) : start + len(command) + _BOX_GAP]
-    brace = start + len(command) + len(gap) - len(gap.lstrip(" \t"))
+def _box_at(text: str, index: int) -> tuple[str | None, int]:
+    """``(content, end)`` of the box whose command ends at ``index``; content ``None`` when unclosed or
+    longer than ``MAX_ANSWER_CHARS``; ``("", -1)`` when no brace follows (not a box)."""
+    gap = text[index : index + _BOX_GAP]
+    brace = index + len(gap) - len(gap.lstrip(" \t"))
     if not text.startswith("{", brace):
-        return None
+        return "", -1
     body = text[brace : brace + MAX_ANSWER_CHARS + 2]  # "{", at most MAX_ANSWER_CHARS of content, "}"
     depth = 0
     for i, ch in enumerate(body):
         depth += 1 if ch == "{" else -1 if ch == "}" else 0
         if depth == 0:
-            return body[1:i].strip()
-    return None
+            return body[1:i].strip(), brace + i + 1
+    return None, len(text)
+
+
+def _unbox(content: str) -> str:
+    """``\\boxed{\\boxed{4}}`` states ``4``: strip boxes that wrap the whole content."""
+    for _ in range(MAX_ANSWER_CHARS):
+        match = _BOX.match(content)
+        if not match:
+            break
+        inner, end = _box_at(content, match.end())
+        if inner is None or end != len(content):
+            break
+        content = inner
+    return content
+
+
+def boxed_answers(text: str) -> list[str] | None:
+    """Contents of the outermost boxes in order (``[]`` without one); ``None`` when a box is unclosed or
+    longer than ``MAX_ANSWER_CHARS`` (the rest of the text is inside it). Each character is read once."""
+    answers, resume = [], 0
+    for match in _BOX.finditer(text):
+        if match.start() < resume:
+            continue  # inside the previous box
+        content, end = _box_at(text, match.end())
+        if content is None:
+            return None
+        if end >= 0:
+            answers.append(_unbox(content))
+            resume = end
+    return answers
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last outermost ``\\boxed{...}`` / ``\\fbox{...}``, or ``None`` (see ``boxed_answers``)."""
+    answers = boxed_answers(text)
+    return answers[-1] if answers else None
 
 
 def _value_after(text: str, index: int) -> str | None:
     """The first non-blank line after ``index`` (bounded read), without a final ``.``; ``None`` if empty."""
-    rest = text[index:].lstrip()
-    line = rest[: MAX_ANSWER_CHARS + 1].split("\n", 1)[0].strip().rstrip(".").strip()
+    start = _BLANK.match(text, index).end()
+    line = text[start : start + MAX_ANSWER_CHARS + 1].split("\n", 1)[0].strip().rstrip(".").strip()
     return line or None
 
 
-def _after_last_answer_phrase(text: str) -> str | None:
+def marked_answers(text: str) -> list[str | None]:
+    """Every marked answer of the first kind present: the outermost boxes, else the value after each
+    ``####`` (``None`` for one with nothing after it), else the value after the last "answer is"."""
+    boxes = boxed_answers(text)
+    if boxes:
+        return boxes
+    marks = [_value_after(text, m.end()) for m in re.finditer(_GSM8K_MARK, text)]
+    if marks:
+        return marks
     last = deque(_ANSWER_PHRASE.finditer(text), maxlen=1)  # only the last match is kept
-    return _value_after(text, last[0].end()) if last else None
+    return [_value_after(text, last[0].end())] if last else []
 
 
 def _lone_number_on_last_line(text: str) -> str | None:
@@ -103,54 +161,68 @@ def _lone_number_on_last_line(text: str) -> str | None:
 
 
 def extract_final_answer(text: str, fallback_to_last_number: bool = False) -> str | None:
-    """The completion's marked final answer (see the module docstring for the policy), or ``None``.
+    """The completion's last marked answer (see ``marked_answers``), or ``None``.
 
-    Last ``\\boxed{}``, else the value after the last ``####``, else after the last "answer is"/"Answer:".
     ``fallback_to_last_number=True`` (evaluation only; no reward uses it) then accepts a last line that
     holds exactly one number.
     """
-    boxed = last_boxed(text)
-    if boxed is not None:
-        return boxed
-    mark = text.rfind(_GSM8K_MARK)
-    answer = _value_after(text, mark + len(_GSM8K_MARK)) if mark >= 0 else None
-    answer = answer or _after_last_answer_phrase(text)
+    answers = marked_answers(text)
+    answer = answers[-1] if answers else None
     if answer is None and fallback_to_last_number:
         answer = _lone_number_on_last_line(text)
     return answer
 
 
-def _normalise_text(s: str) -> str:
-    """Symbolic answers compare as text: ``\\frac{\\pi}{2}`` and ``\\pi/2`` both become ``\\pi/2``."""
-    return _TEXT_NOISE.sub("", frac_to_slash(strip_latex(s))).rstrip(".").lower()
+def all_answers_match(answers: list[str | None], truth, min_digits: int = MIN_DIGITS) -> bool:
+    """True when there is at least one answer, at most ``MAX_DISTINCT_ANSWERS`` distinct ones, and every
+    one matches ``truth``."""
+    distinct = list(dict.fromkeys(answers))
+    if not distinct or len(distinct) > MAX_DISTINCT_ANSWERS:
+        return False
+    return all(answers_match(answer, truth, min_digits) for answer in distinct)
 
 
-def answers_match(prediction: str | None, truth: str, rel_tol: float = 1e-6) -> bool:
-    """True when ``prediction`` states the same answer as ``truth``.
+def _prose(s: str) -> str | None:
+    """A words-only answer with a word of 3+ letters, lowercased and single-spaced (``Paris.`` -> ``paris``)."""
+    s = strip_latex(s).rstrip(".").strip()
+    if not _PROSE.fullmatch(s) or not _LONG_WORD.search(s):
+        return None
+    return " ".join(s.lower().split())
 
-    A numeric truth needs a prediction that parses as one number of the same value (see ``_close``); any
-    other truth compares as normalised text (LaTeX wrappers, spaces, braces and case dropped).
 
-    A percentage matches its number (``50%`` vs ``50``) and, when only one side wrote ``%``, also its
-    fraction (``50%`` vs ``0.5``). An empty prediction, or one longer than ``MAX_ANSWER_CHARS``, never
-    matches. Linear time in the lengths of both strings.
+def answers_match(prediction, truth, min_digits: int = MIN_DIGITS) -> bool:
+    """True when ``prediction`` states the same answer as ``truth`` (module docstring for the rules).
+
+    A numeric truth needs a prediction that is one number of the same value (``_numbers_agree``); a prose
+    truth a prediction with the same words in any case; any other truth the same structure. A percentage
+    matches its number (``50%`` vs ``50``) and, when only one side wrote ``%``, also its fraction (``50%``
+    vs ``0.5``). ``None``, a non-string, an empty prediction, or one longer than ``MAX_ANSWER_CHARS``
+    never matches. Linear time in the lengths of both strings.
     """
-    if prediction is None:
+    if not isinstance(prediction, str) or not isinstance(truth, str):
         return False
-    prediction = prediction.strip()
-    if not prediction or len(prediction) > MAX_ANSWER_CHARS:
+    prediction, truth = prediction.strip(), truth.strip()
+    if not prediction or not truth or len(prediction) > MAX_ANSWER_CHARS or len(truth) > MAX_ANSWER_CHARS:
         return False
-    pred_num, true_num = parse_number(prediction), parse_number(truth)
-    if true_num is None:  # a symbolic truth compares as normalised text
-        return _normalise_text(prediction) == _normalise_text(truth)
-    if pred_num is None:  # a numeric truth needs one number: "1 2 3" is not 123 even though its text is
-        return False
-    (p, p_pct), (t, t_pct) = pred_num, true_num
+    true_number = read_number(truth)
+    if true_number is not None:
+        predicted = read_number(prediction)
+        return predicted is not None and _numbers_agree(predicted, true_number, min_digits)
+    prose = _prose(truth)
+    if prose is not None:
+        return _prose(prediction) == prose
+    return same_structure(prediction, truth)
+
+
+def _numbers_agree(p: WrittenNumber, t: WrittenNumber, min_digits: int) -> bool:
     candidates = [p]
-    if p_pct != t_pct:
-        candidates.append(p / 100 if p_pct else p * 100)
-    tolerance = Fraction(str(rel_tol))
-    return any(_close(c, t, tolerance) for c in candidates)
+    if p.percent != t.percent:  # 50% is 0.5: the value moves two places, and so does its precision
+        shift = 2 if p.percent else -2
+        decimals = None if p.decimals is None else p.decimals + shift
+        candidates.append(
+            WrittenNumber(p.value / 100 if p.percent else p.value * 100, t.percent, decimals, p.significant)
+        )
+    return any(_agree(c, t, min_digits) for c in candidates)
 
 
 def _terminates(x: Fraction) -> bool:
@@ -162,14 +234,16 @@ def _terminates(x: Fraction) -> bool:
     return d == 1
 
 
-def _close(a: Fraction, b: Fraction, rel_tol: Fraction) -> bool:
-    """Exact, except a non-integer finite decimal may approximate a non-terminating value to ``rel_tol``."""
-    if a == b:
+def _agree(a: WrittenNumber, b: WrittenNumber, min_digits: int) -> bool:
+    """Equal values; or one side a decimal of ``min_digits``+ significant digits that is the other side's
+    non-terminating exact value rounded to nearest or toward zero at the decimal's written precision."""
+    if a.value == b.value:
         return True
-    a_ends, b_ends = _terminates(a), _terminates(b)
-    if a_ends == b_ends:
+    if (a.decimals is None) == (b.decimals is None):
+        return False  # two exact forms, or two decimals, compare exactly
+    written, exact = (a, b) if a.decimals is not None else (b, a)
+    if _terminates(exact.value) or written.significant < min_digits:
         return False
-    written = a if a_ends else b
-    if written.denominator == 1:
-        return False  # integers are exact: 333333333 is not 10**9 / 3
-    return abs(a - b) <= rel_tol * max(abs(a), abs(b))
+    scale = Fraction(10) ** written.decimals
+    scaled = exact.value * scale
+    return written.value in (Fraction(round(scaled)) / scale, Fraction(int(scaled)) / scale)

@@ -7,7 +7,7 @@ function cannot score (TRL turns it into NaN and ignores it in the mean over rew
 
 from __future__ import annotations
 
-from trl_gptoss.rewards.answers import answers_match, completion_text, extract_final_answer, last_boxed
+from trl_gptoss.rewards.answers import all_answers_match, boxed_answers, completion_text, last_boxed, marked_answers
 
 RETOOL_CORRECT, RETOOL_WRONG = 1.0, -1.0
 
@@ -24,8 +24,9 @@ def _truths(answer, solution, n: int, name: str) -> list:
 def retool_reward(completions, answer=None, solution=None, **kwargs) -> list[float | None]:
     """ReTool outcome reward: ``+1`` when the final answer equals the ground truth, else ``-1``.
 
-    The final answer is the last ``\\boxed{}`` of the completion (ReTool's format); without one, the model
-    gets ``-1`` (no partial credit for a number buried in the reasoning). ``answer`` holds the ground
+    The final answer is boxed (ReTool's format): every outermost ``\\boxed{}`` of the completion must state
+    the truth (``\\boxed{3} or \\boxed{4}`` is a list of guesses); without one, the model gets ``-1`` (no
+    partial credit for a number buried in the reasoning). ``answer`` holds the ground
     truth; ``solution`` may instead hold a worked solution ending in ``\\boxed{}``. Rows whose ground truth
     is ``None`` score ``None``.
     """
@@ -37,8 +38,8 @@ def retool_reward(completions, answer=None, solution=None, **kwargs) -> list[flo
             continue
         truth = str(truth)
         truth = last_boxed(truth) or truth
-        predicted = last_boxed(completion_text(completion))
-        rewards.append(RETOOL_CORRECT if answers_match(predicted, truth) else RETOOL_WRONG)
+        predicted = boxed_answers(completion_text(completion)) or []
+        rewards.append(RETOOL_CORRECT if all_answers_match(predicted, truth) else RETOOL_WRONG)
     return rewards
 
 
@@ -51,9 +52,10 @@ def gsm8k_answer(answer_field: str) -> str:
 def gsm8k_reward(completions, answer=None, **kwargs) -> list[float | None]:
     """GSM8K accuracy: ``1.0`` when the completion's final answer equals the ``#### x`` ground truth.
 
-    The completion's answer is its last ``\\boxed{}``, else the value after its last ``####``, else after
-    its last "the answer is" / "Answer:". An unmarked number earns nothing: a "last number in the text"
-    fallback would pay a completion that lists guesses (see ``answers.py`` for the policy).
+    The completion's answers are its outermost ``\\boxed{}``, else the values after each ``####``, else
+    the value after its last "the answer is" / "Answer:"; every one must equal the truth. An unmarked
+    number earns nothing: a "last number in the text" fallback would pay a completion that lists guesses
+    (see ``answers.py`` for the policy).
     """
     truths = _truths(answer, None, len(completions), "gsm8k_reward")
     rewards: list[float | None] = []
@@ -61,6 +63,6 @@ def gsm8k_reward(completions, answer=None, **kwargs) -> list[float | None]:
         if truth is None:
             rewards.append(None)
             continue
-        predicted = extract_final_answer(completion_text(completion))
-        rewards.append(1.0 if answers_match(predicted, gsm8k_answer(str(truth))) else 0.0)
+        predicted = marked_answers(completion_text(completion))
+        rewards.append(1.0 if all_answers_match(predicted, gsm8k_answer(str(truth))) else 0.0)
     return rewards
