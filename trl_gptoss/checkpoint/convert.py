@@ -14,6 +14,7 @@ written, so a corrupt or foreign checkpoint fails fast with the tensor named.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 from collections.abc import Callable
@@ -38,6 +39,7 @@ class ExpertPair:
     """The hub tensors of one MXFP4 expert projection and the name and shape it is written under."""
 
     output_name: str
+    output_shape: tuple[int, int, int]  # [E, C, R], transformers' layout
     blocks: TensorInfo
     scales: TensorInfo
 
@@ -158,7 +160,7 @@ def plan_experts(tensors: dict[str, TensorInfo], config: dict) -> dict[str, Expe
                 f"tensor {name} dequantises to [experts, rows, cols] = {list(shape)}, but config.json needs "
                 f"{list(expected[match['proj']])} for {match['proj']}"
             )
-        plan[name] = ExpertPair(stem, info, scales)
+        plan[name] = ExpertPair(stem, (shape[0], shape[2], shape[1]), info, scales)
     if not plan:
         raise CheckpointError("config.json says MXFP4 but no tensor ends in _blocks: there is nothing to dequantise")
     for layer in range(config["num_hidden_layers"]):
@@ -187,6 +189,7 @@ def _stream(tensors, plan, writer: ShardWriter, dtype: torch.dtype, log: Callabl
         names = sorted(name for name, info in tensors.items() if info.file == file and name not in scale_names)
         with safe_open(str(file), framework="pt") as shard:
             for name in names:
+                writer.make_room(_output_bytes(tensors[name], plan.get(name), dtype))
                 if name in plan:
                     pair = plan[name]
                     scales = _load(pair.scales, shard if pair.scales.file == file else None)
@@ -198,6 +201,12 @@ def _stream(tensors, plan, writer: ShardWriter, dtype: torch.dtype, log: Callabl
                     writer.add(name, tensor.to(dtype) if tensor.is_floating_point() else tensor)
         log(f"[{number}/{len(files)}] {file.name}: {len(names)} tensors")
     return dequantized
+
+
+def _output_bytes(info: TensorInfo, pair: ExpertPair | None, dtype: torch.dtype) -> int:
+    if pair is not None:
+        return math.prod(pair.output_shape) * dtype.itemsize
+    return math.prod(info.shape) * dtype.itemsize if info.is_floating_point else info.nbytes
 
 
 def _load(info: TensorInfo, open_shard) -> torch.Tensor:

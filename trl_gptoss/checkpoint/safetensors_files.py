@@ -35,6 +35,7 @@ _ITEMSIZE = {
     "U64": 8,
     "F64": 8,
 }
+_FLOATING = {"F8_E4M3", "F8_E5M2", "F16", "BF16", "F32", "F64"}
 _MAX_HEADER_BYTES = 100 * 2**20
 
 
@@ -54,6 +55,10 @@ class TensorInfo:
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * _ITEMSIZE[self.dtype]
+
+    @property
+    def is_floating_point(self) -> bool:
+        return self.dtype in _FLOATING
 
 
 def read_header(path: Path) -> dict[str, TensorInfo]:
@@ -123,10 +128,17 @@ class ShardWriter:
         self._buffered_bytes = 0
         self._shards: list[tuple[Path, list[str]]] = []
 
-    def add(self, name: str, tensor: torch.Tensor) -> None:
-        nbytes = tensor.numel() * tensor.element_size()
+    def make_room(self, nbytes: int) -> None:
+        """Write the buffered shard out first if a tensor of ``nbytes`` would not fit beside it.
+
+        Called before the next tensor is built, so a full buffer and the new tensor are never held together.
+        """
         if self._buffer and self._buffered_bytes + nbytes > self.max_shard_bytes:
             self.flush()
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        nbytes = tensor.numel() * tensor.element_size()
+        self.make_room(nbytes)
         self._buffer[name] = tensor.contiguous()
         self._buffered_bytes += nbytes
         self.total_bytes += nbytes
