@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trl_gptoss.harmony import render_conversation
+from trl_gptoss.harmony import SystemContent, ToolNamespace, render_conversation
 from trl_gptoss.testing.engines import ScriptedEngine, harmony_ids
 from trl_gptoss.tools import Tool, ToolResult
 
@@ -24,6 +24,18 @@ class AddTool(Tool):
 
     def _invoke(self, arguments: dict) -> ToolResult:
         return ok_result(str(arguments["a"] + arguments["b"]))
+
+
+class MissingFileTool(Tool):
+    """Raises a real ``OSError`` (a file that is not there), as a sandbox that cannot start would."""
+
+    name = "read_log"
+    description = "Read the training log."
+    parameters = {"type": "object", "properties": {}}
+
+    def _invoke(self, arguments: dict) -> ToolResult:
+        with open("/nonexistent-trl-gptoss-dir/log.txt") as handle:
+            return ok_result(handle.read())
 
 
 class BrokenTool(Tool):
@@ -57,15 +69,21 @@ def final(text: str) -> str:
     )
 
 
+def declared_prompt_ids(tokenizer, prompt, tools=()) -> list[int]:
+    """A prompt rendered with each tool declared by its own settings: a builtin (``builtin_name``) as a
+    system-message namespace with the tool's description, every other tool as ``functions.NAME``."""
+    builtins = tuple(ToolNamespace(t.builtin_name, t.description) for t in tools if t.builtin_name)
+    system = SystemContent(tools=builtins)
+    functions = [t for t in tools if not t.builtin_name]
+    return render_conversation(prompt, tokenizer, tools=functions, system=system, add_generation_prompt=True)
+
+
 def scripted(
-    tokenizer, conversations: list[tuple[list[dict], list[str]]], *, tools=(), python_tool=False, **engine_kwargs
+    tokenizer, conversations: list[tuple[list[dict], list[str]]], *, tools=(), **engine_kwargs
 ) -> ScriptedEngine:
     """An engine whose conversation ``i`` (prompt ``conversations[i][0]``) samples the turns ``[i][1]``."""
-    functions = [t for t in tools if not (python_tool and t.name == "python")]
     scripts = {}
     for prompt, turns in conversations:
-        ids = render_conversation(
-            prompt, tokenizer, tools=functions, python_tool=python_tool, add_generation_prompt=True
-        )
+        ids = declared_prompt_ids(tokenizer, prompt, tools)
         scripts[tuple(ids)] = [harmony_ids(tokenizer, turn) for turn in turns]
     return ScriptedEngine(tokenizer, scripts, **engine_kwargs)

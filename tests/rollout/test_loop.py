@@ -5,7 +5,16 @@ import time
 
 import pytest
 
-from tests.rollout.loop_helpers import AddTool, BrokenTool, add_call, final, ok_result, scripted, user
+from tests.rollout.loop_helpers import (
+    AddTool,
+    BrokenTool,
+    MissingFileTool,
+    add_call,
+    final,
+    ok_result,
+    scripted,
+    user,
+)
 from trl_gptoss.harmony import Message, codec_for, render_conversation, render_message
 from trl_gptoss.rollout.config import RolloutConfig, derive_seed
 from trl_gptoss.rollout.loop import arun_rollouts, run_rollouts
@@ -96,18 +105,22 @@ def test_gpt_oss_header_order_channel_first(tok):
         ('<|channel|>commentary to=functions.add json<|message|>{"a": 1}<|call|>', "missing arguments ['b']"),
         (
             "<|channel|>commentary to=functions.nope json<|message|>{}<|call|>",
-            "no tool named 'functions.nope'; available: functions.add, functions.broken",
+            "no tool named 'functions.nope'; available: functions.add, functions.broken, functions.read_log",
         ),
         (
             "<|channel|>commentary to=functions.broken json<|message|>{}<|call|>",
             "tool 'broken' failed: RuntimeError: disk on fire",
         ),
+        (
+            "<|channel|>commentary to=functions.read_log json<|message|>{}<|call|>",
+            "tool 'read_log' failed: FileNotFoundError: [Errno 2] No such file or directory",
+        ),
         ("<|channel|>analysis to=python code<|message|>print(1)<|call|>", "no tool named 'python'"),
     ],
-    ids=["bad-json", "missing-arg", "unknown-tool", "tool-raises", "python-not-offered"],
+    ids=["bad-json", "missing-arg", "unknown-tool", "tool-raises", "tool-raises-oserror", "python-not-offered"],
 )
 def test_bad_calls_become_error_replies_and_the_rollout_goes_on(tok, turn, error):
-    tools = [AddTool(), BrokenTool()]
+    tools = [AddTool(), BrokenTool(), MissingFileTool()]
     prompt = user("Try it.")
     engine = scripted(tok, [(prompt, [turn, final("gave up")])], tools=tools)
     (r,) = run_rollouts(engine, [prompt], tokenizer=tok, tools=tools)

@@ -25,6 +25,15 @@ def test_schema_is_the_harmony_description(tool):
     assert tool.parameters["required"] == ["code"]
 
 
+def test_settings_are_checked_and_configured_copies_keep_the_sandbox(tool):
+    with pytest.raises(ValueError, match="stateful"):
+        PythonTool(tool.sandbox, stateful="yes")
+    assert tool.configured() is tool and tool.configured(builtin=True, stateful=True) is tool
+    function = tool.configured(builtin=False)
+    assert function.builtin_name is None and function.stateful and function.sandbox is tool.sandbox
+    assert function.max_chars == tool.max_chars and tool.builtin_name == "python"
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="runs the sandbox")
 @pytest.mark.parametrize(
     "body",
@@ -102,7 +111,7 @@ def test_run_tool_calls_in_parallel_with_errors_as_messages(tool):
     elapsed = time.monotonic() - start
     assert [m["name"] for m in messages] == ["python", "python", "python", "calculator", "python"]
     assert [m["content"] for m in messages[:3]] == ["a", "b", "3"]
-    assert "no tool named 'calculator'" in messages[3]["content"]
+    assert "no tool named 'functions.calculator'" in messages[3]["content"]
     assert "must be a JSON string" in messages[4]["content"]
     assert elapsed < sum(0.4 for _ in range(2)) + 0.4 + 1.0  # the two sleeps overlap
     with pytest.raises(ValueError, match="unique"):
@@ -113,6 +122,8 @@ def test_harmony_renders_the_tool_in_the_developer_message(tool):
     from trl_gptoss.harmony import build_messages
     from trl_gptoss.harmony.render import developer_text
 
+    tool = PythonTool(tool.sandbox, builtin=False)  # declared as functions.python: the function wording
+    assert "\n" not in tool.description and "stateful notebook" in tool.description
     developer = build_messages([{"role": "user", "content": "hi"}], tools=[tool])[1]
     text = developer_text(developer.content)
     assert "namespace functions {" in text and "type python = (_: {" in text

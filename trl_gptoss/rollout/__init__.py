@@ -2,7 +2,6 @@
 
 from trl_gptoss.rollout.config import RolloutConfig
 from trl_gptoss.rollout.loop import arun_rollouts, run_rollouts
-from trl_gptoss.rollout.python_session import PythonSession
 from trl_gptoss.rollout.server import VLLMServer
 from trl_gptoss.rollout.transformers_engine import TransformersEngine
 from trl_gptoss.rollout.types import (
@@ -19,7 +18,6 @@ __all__ = [
     "FinishReason",
     "Generation",
     "GenerationRequest",
-    "PythonSession",
     "Rollout",
     "RolloutConfig",
     "RolloutEngine",
@@ -31,3 +29,9 @@ __all__ = [
     "arun_rollouts",
     "run_rollouts",
 ]
+
+
+def __getattr__(name: str):
+    from trl_gptoss.tools.moved import moved_attribute  # tool names that used to live here
+
+    return moved_attribute(__name__, name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 from trl_gptoss.harmony import SystemContent
@@ -41,18 +42,18 @@ class RolloutConfig:
     tool_output_max_chars: int = field(
         default=4000, metadata={"help": "Longest tool output the model sees per call (ToolResult.render)."}
     )
-    python_builtin: bool = field(
-        default=True,
+    python_builtin: bool | None = field(
+        default=None,
         metadata={
-            "help": "Declare a PythonTool as GPT-OSS's builtin `python` tool (system message) rather "
-            "than as `functions.python`. Calls to either recipient are served either way."
+            "help": "Deprecated: set the python tool's own `builtin=`. None keeps each tool's own setting; True/False "
+            "overrides it for every tool that offers the choice (its description follows)."
         },
     )
-    python_stateful: bool = field(
-        default=True,
+    python_stateful: bool | None = field(
+        default=None,
         metadata={
-            "help": "Each conversation's python calls share state like notebook cells, as the builtin "
-            "tool's description promises (earlier cells are replayed with output suppressed)."
+            "help": "Deprecated: set the python tool's own `stateful=`. None keeps each tool's own setting; True/False "
+            "overrides it for every tool that offers the choice (its description follows)."
         },
     )
     system: SystemContent | None = field(
@@ -85,6 +86,17 @@ class RolloutConfig:
                 f"RolloutConfig.tool_output_max_chars must be an int >= 200 (room for a notice), "
                 f"got {self.tool_output_max_chars!r}"
             )
+        for key in ("python_builtin", "python_stateful"):
+            value = getattr(self, key)
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"RolloutConfig.{key} must be None, True or False, got {value!r}")
+            if value is not None:
+                warnings.warn(
+                    f"RolloutConfig.{key} is deprecated: a tool owns its settings (trl_gptoss.tools), set "
+                    f"{key.removeprefix('python_')}={value} on the python tool; it goes in the next release",
+                    DeprecationWarning,
+                    stacklevel=3,
+                )
         if self.system is not None and not isinstance(self.system, SystemContent):
             raise ValueError(
                 f"RolloutConfig.system must be a trl_gptoss.harmony.SystemContent or None, "

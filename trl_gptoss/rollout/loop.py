@@ -14,15 +14,24 @@ re-tokenised); only the inserted tool messages are rendered by ``trl_gptoss.harm
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from trl_gptoss.harmony import Message, codec_for, parse_completion, render_conversation, render_message
+from trl_gptoss.harmony import (
+    Message,
+    SystemContent,
+    ToolNamespace,
+    codec_for,
+    parse_completion,
+    render_conversation,
+    render_message,
+)
 from trl_gptoss.harmony.tokens import CALL, RETURN, START
 from trl_gptoss.rollout.config import RolloutConfig, derive_seed
 from trl_gptoss.rollout.tool_calls import ToolBox
 from trl_gptoss.rollout.types import GenerationRequest, Rollout, RolloutEngine
-from trl_gptoss.tools import PythonTool
+from trl_gptoss.tools import ToolSet
 
 
 def run_rollouts(
@@ -49,9 +58,9 @@ async def arun_rollouts(
     """The async form of ``run_rollouts``: one task per conversation, all on the running loop."""
     config = config if config is not None else RolloutConfig()
     context = _engine_context(engine)
-    tools = list(tools or ())
+    toolset = _toolset(tools, config)
     codec = codec_for(tokenizer)
-    prompt_ids = [_prompt_ids(p, i, codec, tools, config) for i, p in enumerate(prompts)]
+    prompt_ids = [_prompt_ids(p, i, codec, toolset, config) for i, p in enumerate(prompts)]
     for index, ids in enumerate(prompt_ids):
         if len(ids) >= context:
             raise ValueError(
@@ -59,7 +68,7 @@ async def arun_rollouts(
                 f"engine's context (max_model_len={context}); shorten it or serve a longer context"
             )
     with ThreadPoolExecutor(max_workers=config.max_concurrent_tools, thread_name_prefix="rollout-tool") as pool:
-        toolbox = ToolBox(tools, executor=pool, python_stateful=config.python_stateful)
+        toolbox = ToolBox(toolset, executor=pool)
         conversations = [
             _Conversation(i, ids, engine, context, codec, toolbox, config) for i, ids in enumerate(prompt_ids)
         ]
@@ -73,6 +82,20 @@ async def arun_rollouts(
             raise
 
 
+def _toolset(tools, config: RolloutConfig) -> ToolSet:
+    """The batch's tools; the deprecated ``config.python_builtin``/``python_stateful`` override each tool's own
+    settings where it offers that choice (``Tool.configured``)."""
+    tools = list(tools or ())
+    if config.python_builtin is not None or config.python_stateful is not None:
+        tools = [
+            t.configured(builtin=config.python_builtin, stateful=config.python_stateful)
+            if hasattr(t, "configured")
+            else t
+            for t in tools
+        ]
+    return ToolSet(tools)
+
+
 def _engine_context(engine) -> int:
     context = getattr(engine, "max_model_len", None)
     if not isinstance(context, int) or isinstance(context, bool) or context < 2:
@@ -84,7 +107,7 @@ def _assistant_header(codec) -> list[int]:
     return [codec.special(START)] + codec.encode_text("assistant")
 
 
-def _prompt_ids(prompt, index: int, codec, tools, config: RolloutConfig) -> list[int]:
+def _prompt_ids(prompt, index: int, codec, toolset: ToolSet, config: RolloutConfig) -> list[int]:
     """Token ids of one prompt; conversations are rendered with the tools and a generation prompt."""
     if hasattr(prompt, "tolist"):
         prompt = prompt.tolist()
@@ -99,16 +122,12 @@ def _prompt_ids(prompt, index: int, codec, tools, config: RolloutConfig) -> list
                 "add_generation_prompt=True); the completion is parsed as an assistant message"
             )
         return ids
-    python_builtin = config.python_builtin and any(isinstance(t, PythonTool) for t in tools)
-    functions = [t for t in tools if not (python_builtin and isinstance(t, PythonTool))]
-    return render_conversation(
-        list(prompt),
-        codec,
-        tools=functions,
-        system=config.system,
-        python_tool=python_builtin,
-        add_generation_prompt=True,
-    )
+    # Each tool is declared with its own description: builtins in the system message, the rest as functions.
+    system = config.system if config.system is not None else SystemContent()
+    builtins = tuple(ToolNamespace(tool.builtin_name, tool.description) for tool in toolset.builtins)
+    if builtins:
+        system = dataclasses.replace(system, tools=system.tools + builtins)
+    return render_conversation(list(prompt), codec, tools=toolset.functions, system=system, add_generation_prompt=True)
 
 
 class _Conversation:

@@ -1,8 +1,11 @@
-"""Tools the model may call: a JSON-schema description plus a call that returns a ``ToolResult``.
+"""Tools the model may call: a description, a JSON schema, a call that returns a ``ToolResult``, and what the
+rollout loop needs to serve a tool without knowing its class.
 
-Harmony exposes tools two ways: the builtin ``python`` tool (the model writes ``to=python`` and the raw
-code is the message body) and function tools (``to=functions.NAME`` with a JSON object as the body). A
-``Tool`` accepts both forms in ``call``: a raw string for builtin tools, a dict or JSON text for functions.
+Harmony declares tools two ways: builtin tools in the system message (GPT-OSS's ``python``: the model writes
+``to=python`` and the raw code is the message body) and function tools in the developer message
+(``to=functions.NAME`` with a JSON object as the body). ``builtin_name`` says which one a tool is declared
+as, ``description`` is the text the model reads either way, ``recipients`` the addresses it answers, and
+``new_session()`` the per-conversation object whose ``call`` serves one conversation's calls.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import json
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import Protocol
 
 from trl_gptoss.tools.result import ToolResult
 
@@ -25,22 +29,46 @@ _JSON_TYPES = {
 }
 
 
+class ToolSession(Protocol):
+    """What serves one conversation's calls to one tool: ``call(body)`` with the raw Harmony call body."""
+
+    def call(self, arguments: str | dict) -> ToolResult: ...
+
+
 class Tool(ABC):
     """A callable tool with a JSON-schema description.
 
     Subclasses set ``name``, ``description`` and ``parameters`` (a JSON schema of type ``object``) and
-    implement ``_invoke(arguments: dict) -> ToolResult``.
+    implement ``_invoke(arguments: dict) -> ToolResult``. A tool with state per conversation overrides
+    ``new_session``; a tool declared as a Harmony builtin sets ``builtin_name`` (and its ``call`` accepts
+    that builtin's raw body).
     """
 
     name: str
     description: str
     parameters: dict
+    builtin_name: str | None = None  # declared in the system message as this builtin; None: functions.NAME
 
     def __init__(self):
         if not isinstance(getattr(self, "name", None), str) or not _NAME.match(self.name):
             raise ValueError(f"Tool name must match {_NAME.pattern} (Harmony addresses it as functions.NAME).")
         if self.parameters.get("type") != "object":
             raise ValueError(f"Tool {self.name!r}: parameters must be a JSON schema with type 'object'.")
+
+    @property
+    def recipients(self) -> tuple[str, ...]:
+        """Every Harmony recipient this tool answers (``to=...``): its builtin name, then ``functions.NAME``."""
+        builtin = (self.builtin_name,) if self.builtin_name else ()
+        return (*builtin, f"functions.{self.name}")
+
+    def new_session(self) -> ToolSession:
+        """The object that serves one conversation's calls; a stateless tool serves them itself."""
+        return self
+
+    def configured(self, *, builtin: bool | None = None, stateful: bool | None = None) -> Tool:
+        """This tool declared as a builtin or not and with or without per-conversation state, where it offers
+        that choice (None keeps its own); a tool without the choice returns itself."""
+        return self
 
     @property
     def schema(self) -> dict:
