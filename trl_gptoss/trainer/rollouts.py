@@ -25,14 +25,10 @@ ROLLOUT_COLUMNS = ("final_answer", "messages", "num_turns", "num_tool_calls", "n
 
 
 def build_tools(names: list[str]) -> list:
-    """Instantiate the trl_gptoss tools named in ``GptOssGRPOConfig.tool_names``."""
-    from trl_gptoss.tools import PythonTool
+    """Instantiate the tools named in ``GptOssGRPOConfig.tool_names`` from the registry ``trl_gptoss.tools.TOOLS``."""
+    from trl_gptoss.tools import build_tools as build_registered_tools
 
-    registry = {"python": PythonTool}
-    unknown = [n for n in names if n not in registry]
-    if unknown:
-        raise ValueError(f"unknown tool names {unknown}; available: {sorted(registry)}")
-    return [registry[name]() for name in names]
+    return build_registered_tools(names)
 
 
 def rollout_config(args, step: int, process_index: int, system=None) -> RolloutConfig:
