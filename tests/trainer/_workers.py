@@ -40,7 +40,7 @@ def server_mode_rank(rank: int, world: int, server_url: str, state_path: str, ou
 
     def counting(prompts, trainer_):
         output = run(prompts, trainer_)
-        calls.append([r.num_tool_calls for r in trainer._last_rollouts])
+        calls.append([r.num_tool_calls for r in trainer.last_rollouts])
         return output
 
     trainer.rollout_func = counting
@@ -126,4 +126,4 @@ def sp_rank(rank: int, world: int, sp_size: int, output_dir: str) -> dict:
     )
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    return {"loss": losses, "grads": grads, "completions": [r.completion_ids for r in trainer._last_rollouts]}
+    return {"loss": losses, "grads": grads, "completions": [r.completion_ids for r in trainer.last_rollouts]}

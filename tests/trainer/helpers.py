@@ -124,8 +124,8 @@ def grpo_args(output_dir, **overrides):
         entropy_coef=0.01,
         dataloader_num_workers=0,
         rollout_backend="transformers",
-        rollout_correction="token_tis",
-        max_turns=4,
+        vllm_importance_sampling_mode="token_truncate",
+        max_tool_calling_iterations=3,
     )
     fields.update(overrides)
     return GptOssGRPOConfig(str(output_dir), **fields)

@@ -11,6 +11,7 @@ from tests.trainer.helpers import grpo_args, prompt_dataset
 from trl_gptoss.testing import tiny_gpt_oss
 from trl_gptoss.trainer import GptOssGRPOConfig, GptOssGRPOTrainer
 from trl_gptoss.trainer.config import UNSET_AUX_COEF
+from trl_gptoss.trainer.correction import CorrectionPreset
 
 
 def test_defaults_and_every_added_field_has_help():
@@ -26,14 +27,107 @@ def test_defaults_and_every_added_field_has_help():
 def test_yaml_through_trlparser(tmp_path):
     config = tmp_path / "grpo.yaml"
     config.write_text(
-        "output_dir: out\nuse_cpu: true\nrollout_backend: transformers\nmax_turns: 3\n"
-        "tool_names: [python]\nrollout_correction: seq_mis\nrollout_is_threshold: 1.5\n"
-        "router_aux_loss_coef: 0.0\nnum_iterations: 2\nrouting_replay: true\n"
+        "output_dir: out\nuse_cpu: true\nrollout_backend: transformers\nmax_tool_calling_iterations: 2\n"
+        "tool_names: [python]\nvllm_importance_sampling_mode: sequence_mask\n"
+        "vllm_importance_sampling_clip_max: 1.5\nrouter_aux_loss_coef: 0.0\nnum_iterations: 2\n"
+        "routing_replay: true\nrollout_server_url: null\n"
     )
     (args,) = TrlParser((GptOssGRPOConfig,)).parse_args_and_config(["--config", str(config)])
-    assert (args.rollout_backend, args.max_turns, args.tool_names) == ("transformers", 3, ["python"])
-    assert args.rollout_correction == "seq_mis" and args.correction_thresholds().is_upper == 1.5
+    assert (args.rollout_backend, args.max_turns_per_conversation, args.tool_names) == ("transformers", 3, ["python"])
+    assert args.correction_preset == CorrectionPreset("sequence", "mask", False)
+    assert args.correction_thresholds().is_upper == 1.5
     assert args.router_aux_loss_coef is not UNSET_AUX_COEF and args.routing_replay
+
+
+def test_trl_fields_are_the_vocabulary_with_our_defaults():
+    args = GptOssGRPOConfig("out", use_cpu=True)
+    assert args.correction_preset == CorrectionPreset("token", "truncate", False)  # TRL's default is sequence_mask
+    assert args.correction_thresholds().is_upper == 2.0 and args.max_turns_per_conversation == 8
+    off = GptOssGRPOConfig("out", use_cpu=True, vllm_importance_sampling_correction=False)
+    assert not off.correction_preset.applies_weights
+    unbounded = GptOssGRPOConfig("out", use_cpu=True, max_tool_calling_iterations=None, max_completion_length=64)
+    assert unbounded.max_turns_per_conversation == 64
+    no_upper = GptOssGRPOConfig(
+        "out", use_cpu=True, vllm_importance_sampling_mode="token_mask", vllm_importance_sampling_clip_max=None
+    )
+    assert no_upper.correction_thresholds().is_upper is None
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        (dict(max_turns=3), dict(max_tool_calling_iterations=2)),
+        (dict(rollout_correction="seq_mis"), dict(vllm_importance_sampling_mode="sequence_mask")),
+        (dict(rollout_correction="none"), dict(vllm_importance_sampling_correction=False)),
+        (
+            dict(rollout_correction="geo_rs_token_tis"),
+            dict(vllm_importance_sampling_mode="token_truncate", rollout_geometric_rejection=True),
+        ),
+        (dict(rollout_is_threshold=1.5), dict(vllm_importance_sampling_clip_max=1.5)),
+        (dict(rollout_is_threshold_lower=0.2), dict(vllm_importance_sampling_clip_min=0.2)),
+    ],
+)
+def test_deprecated_names_map_onto_the_trl_fields(old, new):
+    with pytest.warns(DeprecationWarning, match="deprecated"):
+        args = GptOssGRPOConfig("out", use_cpu=True, **old)
+    for name, value in new.items():
+        assert getattr(args, name) == value, name
+
+
+@pytest.mark.parametrize(
+    "fields, key",
+    [
+        (dict(min_p=0.1), "min_p"),
+        (dict(repetition_penalty=1.2), "repetition_penalty"),
+        (dict(generation_kwargs={"foo": 1}), "generation_kwargs"),
+        (dict(vllm_server_base_url="http://x:1"), "vllm_server_base_url"),
+        (dict(vllm_mode="server"), "vllm_mode"),
+        (dict(use_transformers_paged=True), "use_transformers_paged"),
+        (dict(chat_template_kwargs={"reasoning_effort": "low"}), "chat_template_kwargs"),
+    ],
+)
+def test_trl_fields_we_cannot_honour_are_refused(fields, key):
+    with pytest.raises(ValueError, match=f"(?s)cannot honour.*{key}"):
+        GptOssGRPOConfig("out", use_cpu=True, **fields)
+
+
+@pytest.mark.parametrize(
+    "fields, key",
+    [
+        (dict(max_completion_length=0), "max_completion_length"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(temperature=0.0), "temperature"),
+        (dict(top_p=2.0), "top_p"),
+        (dict(top_k=-5), "top_k"),
+        (dict(steps_per_generation=0), "steps_per_generation"),
+        (dict(num_iterations=0), "num_iterations"),
+        (dict(num_generations=0), "num_generations"),
+        (dict(max_tool_calling_iterations=True), "max_tool_calling_iterations"),
+        (dict(max_tool_calling_iterations=-1), "max_tool_calling_iterations"),
+        (dict(max_turns=True), "max_turns"),
+        (dict(tool_names=None), "tool_names"),
+        (dict(tool_names=["calculator"]), "tool_names"),
+        (dict(attn_implementation="flash_sink"), "attn_implementation"),
+        (dict(experts_implementation="fast"), "experts_implementation"),
+        (dict(loss_type="ppo"), "loss_type"),
+        (dict(rollout_server_url="http://"), "rollout_server_url"),
+        (dict(rollout_server_url="http://host:99999"), "rollout_server_url"),
+        (dict(rollout_server_url=[]), "rollout_server_url"),
+        (dict(vllm_importance_sampling_mode="tis"), "vllm_importance_sampling_mode"),
+        (dict(vllm_importance_sampling_correction="yes"), "vllm_importance_sampling_correction"),
+        (dict(vllm_importance_sampling_clip_max=0.0), "vllm_importance_sampling_clip_max"),
+        (dict(rollout_rs_threshold=0.5), "rollout_rs_threshold"),
+    ],
+)
+def test_bad_values_fail_at_construction_naming_the_key(fields, key):
+    with pytest.raises(ValueError, match=key):
+        GptOssGRPOConfig("out", use_cpu=True, **fields)
+
+
+def test_server_url_list_is_kept_and_a_string_becomes_one():
+    one = GptOssGRPOConfig("out", use_cpu=True, rollout_server_url="http://127.0.0.1:8000")
+    two = GptOssGRPOConfig("out", use_cpu=True, rollout_server_url=["http://a:1", "https://b:2/v"])
+    assert one.rollout_server_url == ["http://127.0.0.1:8000"] and len(two.rollout_server_url) == 2
 
 
 @pytest.mark.parametrize(
@@ -44,7 +138,7 @@ def test_yaml_through_trlparser(tmp_path):
         (dict(rollout_server_url="localhost:8000"), "http://"),
         (dict(max_turns=0), "max_turns"),
         (dict(rollout_correction="tis"), "rollout_correction"),
-        (dict(rollout_is_threshold=-1.0), "threshold"),
+        (dict(rollout_is_threshold=-1.0), "clip_max"),
         (dict(rollout_rs_threshold=0.5), "threshold"),
         (dict(routing_replay=True), "strictly on-policy"),
         (dict(use_vllm=True), "rollout_backend"),
@@ -104,7 +198,10 @@ def test_dataset_row_missing_a_field_is_named(tokenizer, tmp_path):
 
 @pytest.mark.parametrize(
     "reward, match",
-    [(reward_short, "'reward_short' returned 1 rewards for 2"), (reward_nan, "'reward_nan' returned NaN")],
+    [
+        (reward_short, "'reward_short' returned 1 rewards for 2"),
+        (reward_nan, "'reward_nan' returned nan for completion 0"),
+    ],
 )
 def test_bad_reward_outputs_name_the_function(tokenizer, tmp_path, reward, match):
     trainer = GptOssGRPOTrainer(
@@ -177,3 +274,128 @@ def test_model_card_tags_citations_and_curves(tokenizer, tmp_path):
         assert f"- {tag}" in card
     assert "2402.03300" in card and "2504.11536" in card and "2309.17453" in card
     assert "![reward](plots/reward.png)" in card
+
+
+def test_model_card_names_the_run_and_its_base_and_has_a_working_quick_start(tokenizer, tmp_path):
+    from trl_gptoss.testing import save_tiny_checkpoint
+
+    base = save_tiny_checkpoint(tmp_path / "base", model=tiny_gpt_oss(), tokenizer=tokenizer)
+    out = tmp_path / "my-run"
+    trainer = GptOssGRPOTrainer(
+        str(base),
+        reward_ok,
+        args=grpo_args(out),
+        train_dataset=prompt_dataset([0]),
+        processing_class=tokenizer,
+        tools=[],
+    )
+    trainer.save_model(str(out))
+    trainer.create_model_card()
+    card = (out / "README.md").read_text()
+    assert "None" not in card.split("## Training procedure")[0], card
+    assert "# Model Card for my-run" in card and f"local checkpoint `{base}`" in card
+    quick_start = card.split("```python\n")[1].split("```")[0]
+    printed = []
+    namespace = {"print": printed.append}
+    exec(quick_start.replace('"my-run"', repr(str(out))).replace("max_new_tokens=128", "max_new_tokens=4"), namespace)
+    assert len(printed) == 1 and isinstance(printed[0], str)
+
+
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        (math.inf, "returned inf for completion 1"),
+        (float("-inf"), "returned -inf for completion 1"),
+        (1e308, "returned 1e\\+308 for completion 1"),
+        ("1.0", "returned str '1.0' for completion 1"),
+        ({"score": 1.0}, "returned dict .* for completion 1"),
+        (object(), "returned object for completion 1, which is not a number"),
+    ],
+)
+def test_reward_values_must_be_finite_numbers(value, match):
+    from trl_gptoss.trainer.checks import checked_reward
+
+    def picky(completions, **kwargs):
+        return [0.5, value]
+
+    with pytest.raises(ValueError, match=f"'picky' {match}"):
+        checked_reward(picky)(completions=["a", "b"])
+
+
+def test_reward_values_are_coerced_to_floats():
+    import numpy as np
+    import torch
+
+    from trl_gptoss.trainer.checks import checked_reward
+
+    def typed(completions, **kwargs):
+        return [np.float32(0.5), torch.tensor(2.0), True, None]
+
+    assert checked_reward(typed)(completions=list("abcd")) == [0.5, 2.0, 1.0, None]
+    for nan in (np.float64("nan"), torch.tensor(float("nan"))):
+
+        def nan_reward(completions, nan=nan, **kwargs):
+            return [nan]
+
+        with pytest.raises(ValueError, match="'nan_reward' returned nan"):
+            checked_reward(nan_reward)(completions=["a"])
+
+
+def _trainer_on(tokenizer, tmp_path, dataset, reward=reward_ok, **kwargs):
+    return GptOssGRPOTrainer(
+        tiny_gpt_oss(),
+        reward,
+        args=grpo_args(tmp_path, **kwargs),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        tools=[],
+    )
+
+
+def test_dataset_without_rows_is_refused(tokenizer, tmp_path):
+    with pytest.raises(ValueError, match="train_dataset has no rows"):
+        _trainer_on(tokenizer, tmp_path, prompt_dataset([0]).select([]))
+
+
+def test_without_reward_funcs_trl_names_the_missing_reward_source(tokenizer, tmp_path):
+    with pytest.raises(ValueError, match="No reward source"):
+        _trainer_on(tokenizer, tmp_path, prompt_dataset([0]), reward=None)
+
+
+def test_iterable_dataset_trains(tokenizer, tmp_path):
+    streamed = prompt_dataset([0, 1] * 4).to_iterable_dataset()
+    trainer = _trainer_on(tokenizer, tmp_path, streamed, max_steps=1, max_completion_length=8)
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
+def test_plain_text_prompts_are_one_user_message(tokenizer, tmp_path):
+    seen = []
+
+    def text_reward(prompts, completions, **kwargs):
+        seen.extend(zip(prompts, completions))
+        return [0.0] * len(completions)
+
+    rows = Dataset.from_list([{"prompt": "Say four."}, {"prompt": "Add two and two."}])
+    trainer = _trainer_on(tokenizer, tmp_path, rows, reward=text_reward, max_steps=1, max_completion_length=8)
+    trainer.train()
+    assert seen and all(isinstance(p, str) and isinstance(c, str) for p, c in seen)  # TRL's standard format
+    first = trainer.last_rollouts[0]
+    user_turn = tokenizer.decode(first.prompt_ids)
+    assert "<|start|>user<|message|>Say four.<|end|>" in user_turn or "Add two and two." in user_turn
+
+
+def test_reward_model_by_id_keeps_its_own_attention(tokenizer, tmp_path):
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, num_labels=1, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    path = tmp_path / "reward-model"
+    Qwen2ForSequenceClassification(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    trainer = _trainer_on(tokenizer, tmp_path, prompt_dataset([0]), reward=str(path))
+    reward_model = trainer.reward_funcs[0]
+    assert reward_model.config._attn_implementation != "fa3_sink"
+    assert trainer.model.config._attn_implementation == "fa3_sink"

@@ -127,7 +127,15 @@ def test_stats_of_two_halves_add_up_to_the_whole():
     )
 
 
-@pytest.mark.parametrize("bad", [dict(is_upper=0.0), dict(is_lower=3.0), dict(rs_lower=1.01), dict(rs_upper=0.9)])
-def test_bad_thresholds_are_refused(bad):
-    with pytest.raises(ValueError, match="threshold"):
+@pytest.mark.parametrize(
+    "bad, key",
+    [
+        (dict(is_upper=0.0), "clip_max"),
+        (dict(is_lower=3.0), "clip_min"),
+        (dict(rs_lower=1.01), "rollout_rs_threshold_lower"),
+        (dict(rs_upper=0.9), "rollout_rs_threshold"),
+    ],
+)
+def test_bad_thresholds_are_refused_naming_the_config_key(bad, key):
+    with pytest.raises(ValueError, match=key):
         CorrectionThresholds(**bad)

@@ -29,7 +29,7 @@ def test_on_policy_ratio_is_exactly_one_without_an_old_logprob_pass(tokenizer, t
     original = trainer._get_per_token_logps_and_entropies
 
     def spy(*args, **kwargs):
-        if trainer._loss_inputs is None:
+        if trainer._loss_pass is None:
             old_passes.append(1)
         return original(*args, **kwargs)
 
@@ -84,9 +84,20 @@ PRESET_WEIGHTS = {  # weight of each token given its log r, from the definitions
 }
 
 
+# each preset in TRL's vocabulary (vllm_importance_sampling_*) plus our geometric rejection
+PRESET_FIELDS = {
+    "none": dict(vllm_importance_sampling_correction=False),
+    "token_tis": dict(vllm_importance_sampling_mode="token_truncate"),
+    "token_mis": dict(vllm_importance_sampling_mode="token_mask"),
+    "seq_tis": dict(vllm_importance_sampling_mode="sequence_truncate"),
+    "seq_mis": dict(vllm_importance_sampling_mode="sequence_mask"),
+    "geo_rs": dict(vllm_importance_sampling_correction=False, rollout_geometric_rejection=True),
+}
+
+
 @pytest.mark.parametrize("preset", sorted(PRESET_WEIGHTS))
 def test_each_preset_scales_the_loss_as_defined(tokenizer, tmp_path, preset):
-    trainer = _trainer(tokenizer, tmp_path, rollout_correction=preset, loss_type="dapo", entropy_coef=0.0)
+    trainer = _trainer(tokenizer, tmp_path, loss_type="dapo", entropy_coef=0.0, **PRESET_FIELDS[preset])
     torch.manual_seed(0)
     prompt = torch.randint(10, 500, (2, 5))
     completion = torch.randint(10, 500, (2, 4))
@@ -115,3 +126,16 @@ def test_each_preset_scales_the_loss_as_defined(tokenizer, tmp_path, preset):
     expected = -sum(a * w for a, ws in zip(advantages.tolist(), weights) for w in ws) / 8.0
     assert loss == pytest.approx(expected, rel=1e-4, abs=1e-5), (preset, weights)
     assert torch.equal(inputs["advantages"], advantages)  # the batch TRL reuses is untouched
+
+
+def test_every_step_logs_where_its_time_went(tokenizer, tmp_path):
+    trainer = _trainer(tokenizer, tmp_path)
+    trainer.train()
+    for phase in ("weight_push", "generation", "tool_calls", "rewards", "loss_forward_backward", "optimizer"):
+        values = logged(trainer, f"timing/{phase}")
+        assert len(values) == 2 and all(v >= 0 for v in values), (phase, values)
+    assert all(v > 0 for v in logged(trainer, "timing/generation") + logged(trainer, "timing/optimizer"))
+    assert logged(trainer, "timing/old_logprobs") == []  # strictly on-policy: that pass never runs
+    off_policy = _trainer(tokenizer, tmp_path, num_iterations=2)
+    off_policy.train()
+    assert len(logged(off_policy, "timing/old_logprobs")) == 1  # one generation feeds both iterations

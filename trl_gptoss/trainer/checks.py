@@ -35,11 +35,34 @@ def required_reward_columns(reward_func) -> list[str]:
     ]
 
 
+def as_conversation(prompt):
+    """TRL's "standard" (plain-text) prompt becomes one user message; conversations stay as they are."""
+    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+
+
+def _check_prompt(prompt, where: str) -> None:
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise ValueError(f"{where}: field 'prompt' is an empty string")
+        return
+    if (
+        not isinstance(prompt, list)
+        or not prompt
+        or not all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt)
+    ):
+        raise ValueError(
+            f"{where}: field 'prompt' must be text or a non-empty list of {{'role', 'content'}} messages, "
+            f"got {str(prompt)[:120]!r}"
+        )
+
+
 def check_dataset(dataset, required: list[str], name: str = "train_dataset") -> None:
     """Raise ``ValueError`` naming the first row and field that is missing or empty.
 
-    ``prompt`` must be a non-empty list of ``{"role", "content"}`` messages (TRL's conversational format);
-    every column in ``required`` must be present and not ``None``.
+    ``prompt`` is text (one user message, TRL's "standard" format) or a non-empty list of ``{"role",
+    "content"}`` messages (TRL's conversational format); every column in ``required`` must be present and not
+    ``None``. A dataset without rows is refused; an iterable (streamed) dataset has its columns checked, and
+    its rows as TRL reads them.
     """
     if dataset is None:
         return
@@ -47,25 +70,49 @@ def check_dataset(dataset, required: list[str], name: str = "train_dataset") -> 
     for field in ["prompt", *required]:
         if columns is not None and field not in columns:
             raise ValueError(f"{name} has no '{field}' column (columns: {columns}); every row needs a '{field}'")
+    if not hasattr(dataset, "__len__"):
+        return  # streamed: reading it here would consume or download it
+    if len(dataset) == 0:
+        raise ValueError(f"{name} has no rows: there is nothing to train on")
     for index in range(len(dataset)):
         row = dataset[index]
         for field in ["prompt", *required]:
             if row.get(field) is None:
                 raise ValueError(f"{name} row {index} is missing field '{field}'")
-        prompt = row["prompt"]
-        if (
-            not isinstance(prompt, list)
-            or not prompt
-            or not all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt)
-        ):
-            raise ValueError(
-                f"{name} row {index}: field 'prompt' must be a non-empty list of "
-                f"{{'role', 'content'}} messages, got {str(prompt)[:120]!r}"
-            )
+        _check_prompt(row["prompt"], f"{name} row {index}")
 
 
-def _check_rewards(name: str, rewards, expected: int) -> None:
-    if rewards is None or not hasattr(rewards, "__len__"):
+# TRL takes group means and standard deviations in float32: squares of rewards much beyond 1e9 lose the
+# signal to rounding and overflow (1e20**2 > float32 max), so such a value is a bug in the reward.
+_LARGEST_REWARD = 1e9
+
+
+def _coerced(name: str, index: int, reward):
+    """``reward`` as a finite float (None stays None: a completion the function cannot score)."""
+    if reward is None:
+        return None
+    if isinstance(reward, (str, bytes, dict, list, tuple, set)):
+        raise ValueError(
+            f"reward function '{name}' returned {type(reward).__name__} {str(reward)[:60]!r} for completion "
+            f"{index}; return a number (or None for a completion it cannot score)"
+        )
+    try:
+        value = float(reward)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"reward function '{name}' returned {type(reward).__name__} for completion {index}, which is not a "
+            f"number ({exc}); return a float (or None)"
+        ) from None
+    if not math.isfinite(value) or abs(value) > _LARGEST_REWARD:
+        raise ValueError(
+            f"reward function '{name}' returned {value!r} for completion {index}; rewards must be finite and "
+            f"at most {_LARGEST_REWARD:g} in magnitude (return None to mark a completion it cannot score)"
+        )
+    return value
+
+
+def _check_rewards(name: str, rewards, expected: int) -> list:
+    if rewards is None or isinstance(rewards, (str, bytes, dict)) or not hasattr(rewards, "__len__"):
         raise ValueError(
             f"reward function '{name}' returned {type(rewards).__name__}, expected a list of "
             f"{expected} floats (one per completion)"
@@ -75,16 +122,12 @@ def _check_rewards(name: str, rewards, expected: int) -> None:
             f"reward function '{name}' returned {len(rewards)} rewards for {expected} completions; "
             "return exactly one per completion (None marks one it cannot score)"
         )
-    for i, reward in enumerate(rewards):
-        if reward is not None and isinstance(reward, float) and math.isnan(reward):
-            raise ValueError(
-                f"reward function '{name}' returned NaN for completion {i}; return None to mark a "
-                "completion it cannot score"
-            )
+    return [_coerced(name, i, r) for i, r in enumerate(rewards)]
 
 
 def checked_reward(reward_func):
-    """Wrap a callable reward function (sync or async) so a wrong length or a NaN raises naming it.
+    """Wrap a callable reward function (sync or async): each value is coerced with ``float()`` and must be
+    finite; a wrong length, a non-number or a non-finite value raises naming the function and the completion.
 
     The wrapper keeps ``__name__`` (TRL logs rewards under it). Model-based rewards are returned unchanged.
     """
@@ -97,15 +140,13 @@ def checked_reward(reward_func):
         @functools.wraps(reward_func)
         async def checked_async(*args, completions, **kwargs):
             rewards = await reward_func(*args, completions=completions, **kwargs)
-            _check_rewards(name, rewards, len(completions))
-            return rewards
+            return _check_rewards(name, rewards, len(completions))
 
         return checked_async
 
     @functools.wraps(reward_func)
     def checked(*args, completions, **kwargs):
         rewards = reward_func(*args, completions=completions, **kwargs)
-        _check_rewards(name, rewards, len(completions))
-        return rewards
+        return _check_rewards(name, rewards, len(completions))
 
     return checked

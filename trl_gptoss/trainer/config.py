@@ -1,12 +1,20 @@
-"""``GptOssGRPOConfig``: TRL's ``GRPOConfig`` plus the rollout layer, rollout correction, R3 and SP settings."""
+"""``GptOssGRPOConfig``: TRL's ``GRPOConfig`` plus what TRL lacks (rollout engine, R3, SP, geometric rejection).
+
+One vocabulary (gmpo's rule): where TRL already has a field with our meaning we re-default it and honour it --
+``vllm_importance_sampling_*`` drives rollout correction, ``max_tool_calling_iterations`` bounds the tool loop --
+and TRL fields the trainer cannot honour are refused when set, never silently ignored.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
-from trl_gptoss.trainer.correction import PRESETS, CorrectionThresholds
+from trl_gptoss.trainer import fields as check
+from trl_gptoss.trainer.correction import CorrectionPreset, CorrectionThresholds, preset_from_trl
+from trl_gptoss.trainer.refused import refused_parent_fields
 
 ROLLOUT_BACKENDS = ("vllm_server", "transformers")
 
@@ -21,28 +29,66 @@ class _UnsetZero(float):
 
 UNSET_AUX_COEF = _UnsetZero(0.0)
 
+# Deprecated trl-gptoss names (one release) -> the TRL field that now carries the meaning.
+_DEPRECATED = {
+    "max_turns": "max_tool_calling_iterations (= max_turns - 1)",
+    "rollout_correction": "vllm_importance_sampling_correction/_mode and rollout_geometric_rejection",
+    "rollout_is_threshold": "vllm_importance_sampling_clip_max",
+    "rollout_is_threshold_lower": "vllm_importance_sampling_clip_min",
+}
+# Old preset name -> (vllm_importance_sampling_mode or None for no IS, geometric rejection).
+_LEGACY_PRESETS = {
+    "none": (None, False),
+    "token_tis": ("token_truncate", False),
+    "token_mis": ("token_mask", False),
+    "seq_tis": ("sequence_truncate", False),
+    "seq_mis": ("sequence_mask", False),
+    "geo_rs": (None, True),
+    "geo_rs_token_tis": ("token_truncate", True),
+}
+
 
 @dataclass
 class GptOssGRPOConfig(GRPOConfig):
     """GRPO for GPT-OSS on the trl-gptoss rollout layer (see docs/trainer.md for every field and metric).
 
     Generation never goes through TRL's ``use_vllm`` path: ``rollout_backend`` picks the trl-gptoss engine
-    (a ``vllm serve`` server over HTTP, or in-process transformers) and the multi-turn Harmony tool loop.
+    (``vllm serve`` servers over HTTP, or in-process transformers) and the multi-turn Harmony tool loop.
     """
 
+    # -- TRL fields, re-defaulted (their meaning is TRL's) --------------------------------------------------
+    max_tool_calling_iterations: int | None = field(
+        default=7,
+        metadata={
+            "help": "Most tool calls answered per conversation (TRL's field; each call starts a new assistant "
+            "turn, so a conversation has at most this + 1 turns). None: bounded only by max_completion_length."
+        },
+    )
+    vllm_importance_sampling_mode: str = field(
+        default="token_truncate",
+        metadata={
+            "help": "Rollout correction of the engine-vs-trainer mismatch (TRL's field, applied to every "
+            "rollout backend): token_truncate, token_mask, sequence_truncate or sequence_mask. "
+            "vllm_importance_sampling_correction=False turns the weights off (metrics stay)."
+        },
+    )
+    vllm_importance_sampling_clip_max: float | None = field(
+        default=2.0, metadata={"help": "Upper bound of the IS ratio: truncation cap or mask bound (TRL's field)."}
+    )
+    # -- what TRL lacks --------------------------------------------------------------------------------------
     rollout_backend: str = field(
         default="vllm_server",
         metadata={
-            "help": f"Rollout engine, one of {ROLLOUT_BACKENDS}: 'vllm_server' samples from a `vllm serve` "
-            "server (weights pushed after every optimizer step); 'transformers' samples in-process "
+            "help": f"Rollout engine, one of {ROLLOUT_BACKENDS}: 'vllm_server' samples from `vllm serve` "
+            "servers (weights pushed after every optimizer step); 'transformers' samples in-process "
             "from the trained model itself."
         },
     )
-    rollout_server_url: str | None = field(
+    rollout_server_url: list[str] | None = field(
         default=None,
         metadata={
-            "help": "Base URL of a running vLLM server (e.g. http://127.0.0.1:8000). None starts one on "
-            "this machine serving the model (vllm_server backend only)."
+            "help": "Base URL(s) of running vLLM servers (e.g. http://127.0.0.1:8000; several for data-parallel "
+            "replicas). None starts one on this machine serving the model (vllm_server backend only)."
         },
     )
     rollout_max_model_len: int = field(
@@ -51,32 +97,22 @@ class GptOssGRPOConfig(GRPOConfig):
     rollout_server_timeout: float = field(
         default=600.0, metadata={"help": "Seconds to wait for the vLLM server to answer (start-up included)."}
     )
-    max_turns: int = field(
-        default=8, metadata={"help": "Most assistant turns per conversation (each tool call starts a new one)."}
-    )
     tool_names: list[str] = field(
         default_factory=list,
-        metadata={"help": "Tools the model may call, by name (from trl_gptoss.tools): e.g. ['python']."},
+        metadata={"help": "Tools the model may call, by name (trl_gptoss.tools.TOOLS): e.g. ['python']."},
     )
-    rollout_correction: str = field(
-        default="token_tis",
+    rollout_geometric_rejection: bool = field(
+        default=False,
         metadata={
-            "help": f"Rollout-correction preset, one of {sorted(PRESETS)} (verl-equivalent; see "
-            "trl_gptoss.trainer.correction). Mismatch metrics are logged whatever the preset."
+            "help": "Reject whole sequences whose geometric-mean IS ratio leaves [rollout_rs_threshold_lower, "
+            "rollout_rs_threshold] (verl's geo_rs); combines with the IS weights above."
         },
     )
-    rollout_is_threshold: float = field(
-        default=2.0, metadata={"help": "Upper bound on the IS ratio: truncation cap (tis) or mask bound (mis)."}
-    )
-    rollout_is_threshold_lower: float | None = field(
-        default=None,
-        metadata={"help": "Lower bound on the IS ratio. None: no lower clamp for *_tis, 1/upper for *_mis."},
-    )
     rollout_rs_threshold: float = field(
-        default=1.001, metadata={"help": "Upper bound on the geometric-mean ratio for geo_rs rejection."}
+        default=1.001, metadata={"help": "Upper bound on the geometric-mean ratio for geometric rejection."}
     )
     rollout_rs_threshold_lower: float = field(
-        default=0.999, metadata={"help": "Lower bound on the geometric-mean ratio for geo_rs rejection."}
+        default=0.999, metadata={"help": "Lower bound on the geometric-mean ratio for geometric rejection."}
     )
     routing_replay: bool = field(
         default=False,
@@ -107,9 +143,22 @@ class GptOssGRPOConfig(GRPOConfig):
             "TRL would add to the RL loss); a warning names the checkpoint's value."
         },
     )
+    # -- deprecated names (one release): mapped onto the fields above with a warning -------------------------
+    max_turns: int | None = field(default=None, metadata={"help": "Deprecated: use max_tool_calling_iterations."})
+    rollout_correction: str | None = field(
+        default=None, metadata={"help": "Deprecated: use vllm_importance_sampling_* and rollout_geometric_rejection."}
+    )
+    rollout_is_threshold: float | None = field(
+        default=None, metadata={"help": "Deprecated: use vllm_importance_sampling_clip_max."}
+    )
+    rollout_is_threshold_lower: float | None = field(
+        default=None, metadata={"help": "Deprecated: use vllm_importance_sampling_clip_min."}
+    )
 
     def __post_init__(self):
-        self._check_rollout_fields()
+        self._map_deprecated()
+        self._check_own_fields()
+        self._check_parent_fields()
         if self.parallelism_config is not None and (
             self.parallelism_config.cp_enabled or self.parallelism_config.sp_enabled
         ):
@@ -118,11 +167,6 @@ class GptOssGRPOConfig(GRPOConfig):
                 "GptOssGRPOTrainer (it runs SP through trl_gptoss.parallel)"
             )
         super().__post_init__()
-        if self.use_vllm:
-            raise ValueError(
-                "use_vllm=True selects TRL's own vLLM generation; GptOssGRPOTrainer generates "
-                "through trl-gptoss engines: set rollout_backend='vllm_server' instead"
-            )
         if self.routing_replay and self.strictly_on_policy:
             raise ValueError(
                 "routing_replay=True has nothing to replay: this run is strictly on-policy (gradient_accumulation_"
@@ -133,36 +177,122 @@ class GptOssGRPOConfig(GRPOConfig):
         if self.sp_size > 1 and self.world_size % self.sp_size:
             raise ValueError(f"sp_size={self.sp_size} must divide the number of processes ({self.world_size})")
 
-    def _check_rollout_fields(self):
-        if self.rollout_backend not in ROLLOUT_BACKENDS:
-            raise ValueError(f"rollout_backend={self.rollout_backend!r}; choose one of {ROLLOUT_BACKENDS}")
-        if self.rollout_backend == "transformers" and self.rollout_server_url is not None:
-            raise ValueError(
-                "rollout_server_url is set but rollout_backend='transformers' generates in-process; "
-                "use rollout_backend='vllm_server' or drop the URL"
-            )
-        if self.rollout_server_url is not None and not self.rollout_server_url.startswith(("http://", "https://")):
-            raise ValueError(f"rollout_server_url must start with http:// or https://, got {self.rollout_server_url!r}")
-        if not isinstance(self.max_turns, int) or self.max_turns < 1:
-            raise ValueError(f"max_turns must be a positive int, got {self.max_turns!r}")
-        if self.rollout_correction not in PRESETS:
-            raise ValueError(f"rollout_correction={self.rollout_correction!r}; choose one of {sorted(PRESETS)}")
+    def _map_deprecated(self) -> None:
+        for name, replacement in _DEPRECATED.items():
+            if getattr(self, name) is not None:
+                warnings.warn(f"{name} is deprecated; use {replacement}", DeprecationWarning, stacklevel=4)
+        if self.max_turns is not None:
+            check.positive_int("max_turns", self.max_turns)
+            self.max_tool_calling_iterations = self.max_turns - 1
+        if self.rollout_correction is not None:
+            check.one_of("rollout_correction", self.rollout_correction, _LEGACY_PRESETS)
+            mode, geometric = _LEGACY_PRESETS[self.rollout_correction]
+            self.vllm_importance_sampling_correction = mode is not None
+            self.vllm_importance_sampling_mode = mode or self.vllm_importance_sampling_mode
+            self.rollout_geometric_rejection = geometric
+        if self.rollout_is_threshold is not None:
+            self.vllm_importance_sampling_clip_max = self.rollout_is_threshold
+        if self.rollout_is_threshold_lower is not None:
+            self.vllm_importance_sampling_clip_min = self.rollout_is_threshold_lower
+
+    def _check_own_fields(self) -> None:
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        import trl_gptoss  # noqa: F401  (registers fa3_sink and gptoss_sequential before the names are checked)
+
+        check.one_of("rollout_backend", self.rollout_backend, ROLLOUT_BACKENDS)
+        if isinstance(self.rollout_server_url, str):
+            self.rollout_server_url = [self.rollout_server_url]
+        if self.rollout_server_url is not None:
+            if self.rollout_backend == "transformers":
+                raise ValueError(
+                    "rollout_server_url is set but rollout_backend='transformers' generates in-process; "
+                    "use rollout_backend='vllm_server' or drop the URL"
+                )
+            if not self.rollout_server_url:
+                raise ValueError("rollout_server_url is an empty list; give at least one URL or null to start one")
+            for url in self.rollout_server_url:
+                check.server_url("rollout_server_url", url)
+        check.positive_int("rollout_max_model_len", self.rollout_max_model_len, minimum=2)
+        check.finite_number("rollout_server_timeout", self.rollout_server_timeout, low=0, low_open=True)
+        self.tool_names = _checked_tool_names(self.tool_names)
         self.correction_thresholds()  # validates the bounds
-        if not isinstance(self.sp_size, int) or self.sp_size < 1:
-            raise ValueError(f"sp_size must be a positive int, got {self.sp_size!r}")
-        if isinstance(self.tool_names, str):
-            self.tool_names = [self.tool_names]
+        check.positive_int("sp_size", self.sp_size)
+        check.registered("attn_implementation", self.attn_implementation, ALL_ATTENTION_FUNCTIONS)
+        check.registered("experts_implementation", self.experts_implementation, ALL_EXPERTS_FUNCTIONS)
+
+    def _check_parent_fields(self) -> None:
+        """TRL fields whose bad values would fail late (after the model loads) or train silently wrong."""
+        check.positive_int("max_completion_length", self.max_completion_length)
+        check.positive_int("num_generations", self.num_generations, minimum=2)
+        check.positive_int("num_iterations", self.num_iterations)
+        check.positive_int("steps_per_generation", self.steps_per_generation, allow_none=True)
+        check.positive_int("generation_batch_size", self.generation_batch_size, allow_none=True)
+        check.positive_int("max_tool_calling_iterations", self.max_tool_calling_iterations, minimum=0, allow_none=True)
+        check.finite_number("temperature", self.temperature, low=0, low_open=True)
+        check.finite_number("top_p", self.top_p, low=0, high=1, low_open=True)
+        check.positive_int("top_k", self.top_k, minimum=-1)
+        check.one_of("loss_type", self.loss_type, check.LOSS_TYPES)
+        check.one_of("vllm_importance_sampling_mode", self.vllm_importance_sampling_mode, _IS_MODES)
+        if not isinstance(self.vllm_importance_sampling_correction, bool):
+            raise ValueError(
+                "vllm_importance_sampling_correction must be true or false, got "
+                f"{self.vllm_importance_sampling_correction!r}"
+            )
+        if self.use_vllm:
+            raise ValueError(
+                "use_vllm=True selects TRL's own vLLM generation; GptOssGRPOTrainer generates "
+                "through trl-gptoss engines: set rollout_backend='vllm_server' instead"
+            )
+        refused = refused_parent_fields(self)
+        if refused:
+            raise ValueError("GptOssGRPOTrainer cannot honour these TRL fields:\n  - " + "\n  - ".join(refused))
 
     def correction_thresholds(self) -> CorrectionThresholds:
         return CorrectionThresholds(
-            self.rollout_is_threshold,
-            self.rollout_is_threshold_lower,
+            self.vllm_importance_sampling_clip_max,
+            self.vllm_importance_sampling_clip_min,
             self.rollout_rs_threshold,
             self.rollout_rs_threshold_lower,
         )
+
+    @property
+    def correction_preset(self) -> CorrectionPreset:
+        """What rollout correction does in this run, from TRL's IS fields and ``rollout_geometric_rejection``."""
+        mode = self.vllm_importance_sampling_mode if self.vllm_importance_sampling_correction else None
+        return preset_from_trl(mode, self.rollout_geometric_rejection)
+
+    @property
+    def max_turns_per_conversation(self) -> int:
+        """Assistant turns a conversation may take: one per answered tool call plus the final one."""
+        if self.max_tool_calling_iterations is None:
+            return self.max_completion_length  # every turn samples at least one token
+        return self.max_tool_calling_iterations + 1
 
     @property
     def strictly_on_policy(self) -> bool:
         """Every completion is trained on only by the parameters that generated it (TRL's own rule: generations
         and iterations line up with optimizer steps), so old log-probs ARE the current ones, detached."""
         return self.gradient_accumulation_steps % (self.steps_per_generation * self.num_iterations) == 0
+
+
+_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def _checked_tool_names(names) -> list[str]:
+    from trl_gptoss.tools import TOOLS
+
+    if isinstance(names, str):
+        names = [names]
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"tool_names must be a list of tool names such as ['python'], got {names!r}")
+    unknown = [n for n in names if n not in TOOLS]
+    if unknown:
+        raise ValueError(f"tool_names has unknown tools {unknown}; available: {sorted(TOOLS)}")
+    return list(names)
+
+
+def field_names() -> list[str]:
+    """Every field of the config (TRL's and ours), for 'did you mean' hints."""
+    return [f.name for f in fields(GptOssGRPOConfig)]

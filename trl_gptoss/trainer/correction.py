@@ -50,6 +50,11 @@ class CorrectionPreset:
     is_mode: ISMode | None
     geometric_rejection: bool
 
+    @property
+    def applies_weights(self) -> bool:
+        """Whether the preset changes the loss at all (``none`` only logs the mismatch metrics)."""
+        return self.is_level is not None or self.geometric_rejection
+
 
 PRESETS: dict[str, CorrectionPreset] = {
     "none": CorrectionPreset(None, None, False),
@@ -62,25 +67,48 @@ PRESETS: dict[str, CorrectionPreset] = {
 }
 
 
+# TRL's ``vllm_importance_sampling_mode`` -> (IS level, IS mode).
+_TRL_IS_MODES: dict[str, tuple[ISLevel, ISMode]] = {
+    "token_truncate": ("token", "truncate"),
+    "token_mask": ("token", "mask"),
+    "sequence_truncate": ("sequence", "truncate"),
+    "sequence_mask": ("sequence", "mask"),
+}
+
+
+def preset_from_trl(is_mode: str | None, geometric_rejection: bool) -> CorrectionPreset:
+    """The preset meant by TRL's ``vllm_importance_sampling_mode`` (None: no IS weights) plus geometric rejection."""
+    if is_mode is None:
+        return CorrectionPreset(None, None, geometric_rejection)
+    if is_mode not in _TRL_IS_MODES:
+        raise ValueError(f"vllm_importance_sampling_mode={is_mode!r}; choose one of {sorted(_TRL_IS_MODES)}")
+    level, mode = _TRL_IS_MODES[is_mode]
+    return CorrectionPreset(level, mode, geometric_rejection)
+
+
 @dataclass(frozen=True)
 class CorrectionThresholds:
-    """Bounds on the IS ratio (``is_lower`` None: no lower clamp for truncation, ``1/is_upper`` for masking)
-    and on the geometric-mean ratio G for rejection."""
+    """Bounds on the IS ratio (``is_upper`` None: no upper bound; ``is_lower`` None: no lower clamp for
+    truncation, ``1/is_upper`` for masking) and on the geometric-mean ratio G for rejection."""
 
-    is_upper: float = 2.0
+    is_upper: float | None = 2.0
     is_lower: float | None = None
     rs_upper: float = 1.001
     rs_lower: float = 0.999
 
     def __post_init__(self):
-        if not self.is_upper > 0:
-            raise ValueError(f"rollout IS upper threshold must be > 0, got {self.is_upper}")
-        if self.is_lower is not None and not 0 <= self.is_lower <= self.is_upper:
-            raise ValueError(f"rollout IS lower threshold must lie in [0, upper={self.is_upper}], got {self.is_lower}")
+        upper = math.inf if self.is_upper is None else self.is_upper
+        if not upper > 0:
+            raise ValueError(f"vllm_importance_sampling_clip_max must be > 0 or null, got {self.is_upper}")
+        if self.is_lower is not None and not 0 <= self.is_lower <= upper:
+            raise ValueError(
+                f"vllm_importance_sampling_clip_min must lie in [0, clip_max={self.is_upper}], got {self.is_lower}"
+            )
         if not 0 < self.rs_lower <= 1 <= self.rs_upper:
             raise ValueError(
-                "geometric rejection thresholds must satisfy 0 < rs_lower <= 1 <= rs_upper, got "
-                f"rs_lower={self.rs_lower}, rs_upper={self.rs_upper}"
+                "geometric rejection thresholds must satisfy 0 < rollout_rs_threshold_lower <= 1 <= "
+                f"rollout_rs_threshold, got rollout_rs_threshold_lower={self.rs_lower}, "
+                f"rollout_rs_threshold={self.rs_upper}"
             )
 
 
@@ -110,8 +138,9 @@ def _apply_is(ratio: torch.Tensor, mode: ISMode, th: CorrectionThresholds):
     if mode == "truncate":
         weight = ratio.clamp(min=th.is_lower, max=th.is_upper)
         return weight, weight != ratio, torch.zeros_like(ratio, dtype=torch.bool)
-    lower = th.is_lower if th.is_lower is not None else 1.0 / th.is_upper
-    outside = (ratio < lower) | (ratio > th.is_upper)
+    upper = math.inf if th.is_upper is None else th.is_upper
+    lower = th.is_lower if th.is_lower is not None else 1.0 / upper
+    outside = (ratio < lower) | (ratio > upper)
     return ratio.masked_fill(outside, 0.0), torch.zeros_like(outside), outside
 
 

@@ -35,7 +35,7 @@ def rollout_config(args, step: int, process_index: int, system=None) -> RolloutC
     """Sampling settings of one generation round. The seed differs per optimizer step and per process (so
     processes never sample the same continuations) and is reproducible from ``args.seed``."""
     return RolloutConfig(
-        max_turns=args.max_turns,
+        max_turns=args.max_turns_per_conversation,
         max_completion_tokens=args.max_completion_length,
         temperature=args.temperature,
         top_p=args.top_p,
@@ -146,7 +146,9 @@ def _message_dict(message) -> dict:
     )
 
 
-def final_answer_completions(rollouts: list[Rollout]) -> list[list[dict]]:
-    """What TRL passes as ``completions`` to rewards: the final answer as one assistant message ("" when the
-    conversation ended without one), so answer-matching rewards never see tool output or analysis."""
-    return [[{"role": "assistant", "content": r.final_answer or ""}] for r in rollouts]
+def final_answer_completions(answers: list[str | None], conversational: bool = True) -> list:
+    """What TRL passes as ``completions`` to rewards: the final answer ("" when the conversation ended without
+    one), so answer-matching rewards never see tool output or analysis. Conversational prompts get one
+    assistant message per completion, plain-text prompts the text itself (TRL's two formats)."""
+    texts = [answer or "" for answer in answers]
+    return [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts

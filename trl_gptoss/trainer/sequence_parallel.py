@@ -49,21 +49,15 @@ class SequenceParallelLoss:
         completion = inputs["completion_ids"].size(1)
 
         def loss_fn(token_logps: torch.Tensor) -> torch.Tensor:  # [B, L]: log p(input_ids[b, t])
-            # Only the owner rank runs this, while its peers run collectives of the owner loop: the metric
-            # collectives inside TRL's loss must stay local (metrics under SP are this rank's own).
-            accelerator, trainer.accelerator = trainer.accelerator, _LocalCollectives(trainer.accelerator)
-            trainer._sp_logps = token_logps[:, -completion:]
-            try:
-                return trainer._compute_loss(model, inputs)
-            finally:
-                trainer._sp_logps, trainer.accelerator = None, accelerator
+            return trainer.compute_loss_from_logps(model, inputs, token_logps[:, -completion:])
 
         result = self.runner.forward_backward(input_ids, attention_mask, loss_fn)
         return result.loss.detach().clone().requires_grad_(True)
 
 
-class _LocalCollectives:
-    """An accelerator whose metric collectives (gather, reduce) act on this process only."""
+class LocalCollectives:
+    """An accelerator whose metric collectives (gather, reduce) act on this process only: the trainer uses it
+    while only the owner rank of an SP micro-batch computes its loss."""
 
     def __init__(self, accelerator):
         self._accelerator = accelerator

@@ -2,12 +2,13 @@
 
 Hooks over ``GRPOTrainer`` (everything else -- sampler, rewards, advantages, loss types, logging -- is TRL's):
 
-- ``rollout_func`` (TRL's own hook, set after ``__init__``): ``run_rollouts`` on this process's prompts with
-  the configured engine and tools; the engine first gets the current weights when it has older ones.
+- ``rollout_func`` (TRL's own hook): ``run_rollouts`` on this process's prompts with the configured engine and
+  tools; every process first joins the weight push when the engine holds older weights.
 - ``_generate``: rewards receive the final answer as ``completions`` (plus ``messages`` etc. as columns).
-- ``_get_per_token_logps_and_entropies``: R3 record (old-log-prob pass) / replay (loss pass), and in the loss
-  pass the rollout-correction weights and ``policy/ratio_max_abs_dev``.
-- ``create_model_card``: tags, citations, training curves.
+- ``_compute_loss`` opens a ``LossPass`` that ``_get_per_token_logps_and_entropies`` reads: R3 replay and, on
+  the policy's log-probs, the rollout-correction weights and ``policy/ratio_max_abs_dev``. Outside a loss pass
+  the same hook is the old-log-prob pass (R3 records there).
+- ``create_model_card``: name, base checkpoint, a working Harmony quick start, training curves.
 
 On-policy rule: ``use_vllm`` stays False, so TRL computes old log-probs only when
 ``gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0``; otherwise its loss uses
@@ -16,19 +17,21 @@ On-policy rule: ``use_vllm`` stays False, so TRL computes old log-probs only whe
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import textwrap
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig
 from trl import GRPOTrainer
+from trl.trainer.utils import get_config_model_id
 
 import trl_gptoss  # noqa: F401  (registers fa3_sink and gptoss_sequential)
-from trl_gptoss.trainer.checks import check_dataset, checked_reward, required_reward_columns
-from trl_gptoss.trainer.config import UNSET_AUX_COEF, GptOssGRPOConfig
+from trl_gptoss.trainer.checks import as_conversation, check_dataset, checked_reward, required_reward_columns
+from trl_gptoss.trainer.config import GptOssGRPOConfig
 from trl_gptoss.trainer.correction import finalize_metrics, masked_log_ratio, mismatch_stats, rollout_correction
+from trl_gptoss.trainer.loss_pass import LossPass
+from trl_gptoss.trainer.model_card import card_model_name, rewrite_card
+from trl_gptoss.trainer.policy import DropLoadedModelWarning, load_policy, resolve_aux_coef, switch_implementations
 from trl_gptoss.trainer.replay import RoutingReplay
 from trl_gptoss.trainer.rollouts import (
     ROLLOUT_COLUMNS,
@@ -38,9 +41,8 @@ from trl_gptoss.trainer.rollouts import (
     rollout_config,
     rollouts_to_trl,
 )
-from trl_gptoss.trainer.sequence_parallel import SequenceParallelLoss, check_sequence_parallel
-
-logger = logging.getLogger(__name__)
+from trl_gptoss.trainer.sequence_parallel import LocalCollectives, SequenceParallelLoss, check_sequence_parallel
+from trl_gptoss.trainer.timing import OptimizerTimer, PhaseTimer
 
 _CITATION = textwrap.dedent("""\
     @article{shao2024deepseekmath,
@@ -63,13 +65,17 @@ _CITATION = textwrap.dedent("""\
     }""")
 
 
+logger = logging.getLogger(__name__)
+
+
 class GptOssGRPOTrainer(GRPOTrainer):
     """GRPO for GPT-OSS: multi-turn Harmony tool rollouts, exact on-policy ratio, verl-style rollout correction.
 
     ``model``: a model id/path (loaded with ``args.attn_implementation`` / ``args.experts_implementation``) or
     a ``GptOssForCausalLM`` (switched to them). ``reward_funcs`` follow TRL's signature and also receive the
     columns ``final_answer``, ``messages``, ``num_turns``, ``num_tool_calls``, ``num_tool_errors``,
-    ``stop_reason``. ``tools`` overrides ``args.tool_names`` with tool instances; ``rollout_system`` (a
+    ``stop_reason``. Prompts are conversations, or plain text (TRL's "standard" format: one user message).
+    ``tools`` overrides ``args.tool_names`` with tool instances; ``rollout_system`` (a
     ``trl_gptoss.harmony.SystemContent``) replaces Harmony's default system message in every prompt.
     """
 
@@ -84,7 +90,7 @@ class GptOssGRPOTrainer(GRPOTrainer):
     def __init__(
         self,
         model,
-        reward_funcs,
+        reward_funcs=None,
         args: GptOssGRPOConfig | None = None,
         train_dataset=None,
         processing_class=None,
@@ -95,20 +101,24 @@ class GptOssGRPOTrainer(GRPOTrainer):
         args = args if args is not None else GptOssGRPOConfig("trl-gptoss-grpo")
         if not isinstance(args, GptOssGRPOConfig):
             raise ValueError(f"args must be a GptOssGRPOConfig, got {type(args).__name__}")
-        model = _prepare_model(model, args)
-        reward_funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
-        required = {c for f in reward_funcs for c in required_reward_columns(f)} - set(ROLLOUT_COLUMNS)
-        check_dataset(train_dataset, sorted(required))
-        _resolve_aux_coef(args, model)
-        super().__init__(
-            model,
-            [checked_reward(f) for f in reward_funcs],
-            args=args,
-            train_dataset=train_dataset,
-            processing_class=processing_class,
-            **kwargs,
-        )
-        self._sp_logps = None
+        if reward_funcs is not None:
+            reward_funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
+            required = {c for f in reward_funcs for c in required_reward_columns(f)} - set(ROLLOUT_COLUMNS)
+            check_dataset(train_dataset, sorted(required))
+            reward_funcs = [checked_reward(f) for f in reward_funcs]
+        resolve_aux_coef(args, model)
+        model = load_policy(model, args)
+        trl_logger = logging.getLogger(GRPOTrainer.__module__)
+        quiet = DropLoadedModelWarning()
+        trl_logger.addFilter(quiet)
+        try:
+            super().__init__(
+                model, reward_funcs, args=args, train_dataset=train_dataset, processing_class=processing_class, **kwargs
+            )
+        finally:
+            trl_logger.removeFilter(quiet)
+        if self.ref_model is not None:  # TRL built it from the policy's path: same implementations
+            switch_implementations(self.ref_model, args)
         self.sp_loss = (
             SequenceParallelLoss(check_sequence_parallel(args, self.model.config)) if args.sp_size > 1 else None
         )
@@ -116,11 +126,12 @@ class GptOssGRPOTrainer(GRPOTrainer):
         self.rollout_system = rollout_system
         self.rollout_backend = RolloutBackend(args, self.accelerator.unwrap_model(self.model), self._tokenizer)
         self.rollout_func = self._rollout_batch
-        self._pushed_step = None  # global step whose weights the engine holds (None: not pushed yet)
-        self._last_rollouts = []
-        self._loss_inputs = None
-        self._step_scope = None  # an ExitStack while training_step runs
         self.routing_replay = RoutingReplay() if args.routing_replay else None
+        self.timer = PhaseTimer(self)
+        self.add_callback(OptimizerTimer(self.timer))
+        self.last_rollouts = []  # the latest batch of this process, for inspection; no hook reads it
+        self._pushed_step = None  # global step whose weights the engine holds (None: not pushed yet)
+        self._loss_pass: LossPass | None = None
 
     # -- generation -------------------------------------------------------------------------------------
     def _push_weights_if_stale(self) -> None:
@@ -128,9 +139,10 @@ class GptOssGRPOTrainer(GRPOTrainer):
         after a resume). All processes wait, so none samples from weights being replaced."""
         if self._pushed_step == self.state.global_step:
             return
-        if self.accelerator.is_main_process or self.args.rollout_backend == "transformers":
-            self.rollout_backend.engine.push_weights(self.accelerator.unwrap_model(self.model))
-        self.accelerator.wait_for_everyone()
+        with self.timer.phase("weight_push"):
+            if self.accelerator.is_main_process or self.args.rollout_backend == "transformers":
+                self.rollout_backend.engine.push_weights(self.accelerator.unwrap_model(self.model))
+            self.accelerator.wait_for_everyone()
         self._pushed_step = self.state.global_step
 
     def _rollout_batch(self, prompts, trainer) -> dict:
@@ -140,17 +152,29 @@ class GptOssGRPOTrainer(GRPOTrainer):
         config = rollout_config(
             self.args, self.state.global_step, self.accelerator.process_index, system=self.rollout_system
         )
-        rollouts = run_rollouts(
-            self.rollout_backend.engine, prompts, tokenizer=self._tokenizer, tools=self.rollout_tools, config=config
-        )
-        self._last_rollouts = rollouts
+        with self.timer.phase("generation"):
+            rollouts = run_rollouts(
+                self.rollout_backend.engine,
+                [as_conversation(p) for p in prompts],
+                tokenizer=self._tokenizer,
+                tools=self.rollout_tools,
+                config=config,
+            )
+        self.timer.record("tool_calls", sum(r.timings.get("tool_s", 0.0) for r in rollouts))
+        self.last_rollouts = rollouts
         self._log_rollout_metrics(rollouts)
         return rollouts_to_trl(rollouts)
 
     def _generate(self, prompts):
         outputs = list(super()._generate(prompts))
-        outputs[3] = final_answer_completions(self._last_rollouts)  # completions the rewards see
+        answers = outputs[5]["final_answer"]  # extra field of the rollout_func output
+        conversational = bool(prompts) and not isinstance(prompts[0], str)
+        outputs[3] = final_answer_completions(answers, conversational)  # completions the rewards see
         return tuple(outputs)
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        with self.timer.phase("rewards"):
+            return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
 
     def _log_rollout_metrics(self, rollouts) -> None:
         mode = "train" if self.model.training else "eval"
@@ -176,62 +200,76 @@ class GptOssGRPOTrainer(GRPOTrainer):
             output["routing_indices"] = self.routing_replay.take()
         return output
 
+    def _prepare_inputs(self, generation_batch):
+        inputs = super()._prepare_inputs(generation_batch)
+        self.timer.mark("inputs_ready")
+        return inputs
+
     def training_step(self, model, inputs, num_items_in_batch=None):
-        with contextlib.ExitStack() as self._step_scope:  # replay hooks live through forward AND backward
-            try:
-                return super().training_step(model, inputs, num_items_in_batch)
-            finally:
-                self._step_scope = None
+        try:
+            loss = super().training_step(model, inputs, num_items_in_batch)
+            self.timer.since("inputs_ready", "loss_forward_backward")
+            return loss
+        finally:
+            self._end_loss_pass()  # after backward: replay hooks were needed until gradient checkpointing re-ran
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self.sp_loss is None or not self.model.training:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         return self.sp_loss(self, model, inputs)
 
-    def _compute_loss(self, model, inputs):
-        # A shallow copy: the hook below replaces "advantages" by per-token corrected ones, and TRL reuses the
-        # buffered batch for every iteration.
-        self._loss_inputs = dict(inputs)
+    def _compute_loss(self, model, inputs, logps: torch.Tensor | None = None):
+        """TRL's loss on ``inputs``; ``logps [B, T]``: the policy's completion log-probs when already computed
+        (SP). Opens the ``LossPass`` the log-prob hook reads."""
+        self._end_loss_pass()
+        self._loss_pass = LossPass(dict(inputs), logps=logps)
         try:
-            return super()._compute_loss(model, self._loss_inputs)
+            return super()._compute_loss(model, self._loss_pass.inputs)
         finally:
-            self._loss_inputs = None
+            if not self.model.training:
+                self._end_loss_pass()
+
+    def compute_loss_from_logps(self, model, inputs, logps: torch.Tensor) -> torch.Tensor:
+        """The loss of one micro-batch from log-probs computed by the SP runner, with this process's metrics
+        kept local: only the owner rank runs it while its peers are inside the runner's collectives."""
+        accelerator, self.accelerator = self.accelerator, LocalCollectives(self.accelerator)
+        try:
+            return self._compute_loss(model, inputs, logps=logps)
+        finally:
+            self.accelerator = accelerator
+
+    def _end_loss_pass(self) -> None:
+        loss_pass, self._loss_pass = self._loss_pass, None
+        if loss_pass is not None:
+            loss_pass.close()
 
     def _get_per_token_logps_and_entropies(
         self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, *args, **kwargs
     ):
-        inputs = self._loss_inputs
-        in_loss = inputs is not None and compute_entropy
-        if in_loss and self._sp_logps is not None:  # the SP runner already computed them (no entropies)
-            logps = self._sp_logps
-            self._correct_and_log(inputs, logps)
-            return logps, torch.full_like(logps, float("nan")), None
-        if not in_loss and self.routing_replay is not None and self.routing_replay.armed:
-            return self.routing_replay.record(
-                super()._get_per_token_logps_and_entropies,
-                model,
-                input_ids,
-                attention_mask,
-                logits_to_keep,
-                batch_size,
-                compute_entropy,
-                *args,
-                **kwargs,
-            )
-        recorded = inputs.get("routing_indices") if in_loss else None
-        replay = contextlib.nullcontext()
-        if recorded is not None:
-            replay = self.routing_replay.replay(model, recorded)
-            if self._step_scope is not None:  # training: gradient checkpointing re-runs routers in backward
-                self._step_scope.enter_context(replay)
-                replay = contextlib.nullcontext()
-        with replay:
-            logps, entropies, aux = super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, *args, **kwargs
-            )
-        if in_loss:
-            self._correct_and_log(inputs, logps)
+        loss_pass = self._loss_pass
+        if loss_pass is None or not loss_pass.take_policy_call():
+            with self.timer.phase("old_logprobs"):
+                return self._logps_outside_loss(
+                    model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, *args, **kwargs
+                )
+        if loss_pass.logps is not None:  # the SP runner already computed them (no entropies)
+            self._correct_and_log(loss_pass.inputs, loss_pass.logps)
+            return loss_pass.logps, torch.full_like(loss_pass.logps, float("nan")), None
+        recorded = loss_pass.inputs.get("routing_indices")
+        if recorded is not None:  # training: gradient checkpointing re-runs routers in backward, so the
+            loss_pass.scope.enter_context(self.routing_replay.replay(model, recorded))  # scope outlives it
+        logps, entropies, aux = super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, *args, **kwargs
+        )
+        self._correct_and_log(loss_pass.inputs, logps)
         return logps, entropies, aux
+
+    def _logps_outside_loss(self, model, *args, **kwargs):
+        """Old-policy (and reference) log-probs; R3 records the routing of the old-policy pass."""
+        parent = super()._get_per_token_logps_and_entropies
+        if self.routing_replay is not None and self.routing_replay.armed:
+            return self.routing_replay.record(parent, model, *args, **kwargs)
+        return parent(model, *args, **kwargs)
 
     def _correct_and_log(self, inputs: dict, logps: torch.Tensor) -> None:
         """Scale the advantages by the rollout-correction weights and log the mismatch metrics.
@@ -251,30 +289,33 @@ class GptOssGRPOTrainer(GRPOTrainer):
         rollout_logps = inputs.get("sampling_per_token_logps")
         if rollout_logps is None:
             return
+        preset = self.args.correction_preset
         log_ratio = masked_log_ratio(old, rollout_logps, mask)
-        correction = rollout_correction(
-            log_ratio, mask, self.args.rollout_correction, self.args.correction_thresholds()
-        )
+        correction = rollout_correction(log_ratio, mask, preset, self.args.correction_thresholds())
         sums, maxes = mismatch_stats(old, rollout_logps, mask, correction, log_ratio)
         sums = self.accelerator.reduce(sums, reduction="sum")
         maxes = self.accelerator.gather(maxes[None]).max(dim=0).values
         for name, value in finalize_metrics(sums, maxes).items():
             self._metrics[mode][f"rollout_corr/{name}"].append(value)
-        if self.args.rollout_correction != "none":
+        if preset.applies_weights:
             advantages = inputs["advantages"]
             advantages = advantages[:, None] if advantages.dim() == 1 else advantages
             inputs["advantages"] = advantages * correction.weights.to(advantages.dtype)
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        model_name = model_name or card_model_name(self.args)
         super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
         if not self.is_world_process_zero():
             return
         readme = Path(self.args.output_dir, "README.md")
-        plots = sorted(Path(self.args.output_dir).glob("plots/*.png"))
-        if readme.is_file() and plots:
-            lines = ["", "## Training curves", ""] + [f"![{p.stem}](plots/{p.name})" for p in plots]
-            readme.write_text(readme.read_text() + "\n".join(lines) + "\n")
+        if readme.is_file():
+            rewrite_card(
+                readme,
+                model_id=self.args.hub_model_id or model_name,
+                base=get_config_model_id(self.accelerator.unwrap_model(self.model).config),
+                plots=sorted(Path(self.args.output_dir).glob("plots/*.png")),
+            )
 
     def train(self, *args, **kwargs):
         try:
@@ -285,33 +326,3 @@ class GptOssGRPOTrainer(GRPOTrainer):
     def close(self) -> None:
         """Stop a vLLM server this trainer started (also done at interpreter exit)."""
         self.rollout_backend.close()
-
-
-def _prepare_model(model, args: GptOssGRPOConfig):
-    """Load with, or switch to, the configured attention and experts implementations."""
-    if isinstance(model, str):
-        init = dict(args.model_init_kwargs or {})
-        init.setdefault("attn_implementation", args.attn_implementation)
-        init.setdefault("experts_implementation", args.experts_implementation)
-        args.model_init_kwargs = init
-        return model
-    if model.config._attn_implementation != args.attn_implementation:
-        model.set_attn_implementation(args.attn_implementation)
-    if getattr(model.config, "_experts_implementation", None) != args.experts_implementation:
-        model.set_experts_implementation(args.experts_implementation)
-    return model
-
-
-def _resolve_aux_coef(args: GptOssGRPOConfig, model) -> None:
-    """Default 0.0: GPT-OSS checkpoints declare 0.9, which TRL would otherwise add to the RL loss."""
-    if args.router_aux_loss_coef is not UNSET_AUX_COEF:
-        return
-    config = AutoConfig.from_pretrained(model) if isinstance(model, str) else model.config
-    declared = getattr(config.get_text_config(), "router_aux_loss_coef", None)
-    if declared:
-        logger.warning(
-            "the checkpoint declares router_aux_loss_coef=%s; trl-gptoss trains with 0.0 (no "
-            "load-balancing loss in RL). Set router_aux_loss_coef explicitly to use it.",
-            declared,
-        )
-    args.router_aux_loss_coef = 0.0
