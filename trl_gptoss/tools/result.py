@@ -1,30 +1,52 @@
 """What one tool call produced, and the text the model sees of it.
 
 The program's output is untrusted text: ``clean_output`` decodes it and turns control bytes (NUL, escape
-sequences, other C0/C1 controls, DEL) into visible ``\\xNN`` text. The sandbox's own notices are lines
-starting with ``[sandbox]``; a program line that starts with it is shown as ``\\[sandbox]``, so the model
-can trust every notice line it sees.
+sequences, other C0/C1 controls, DEL) into visible ``\\xNN`` text, and the Unicode line and paragraph
+separators (U+2028, U+2029) and invisible format characters (BOM U+FEFF, zero-width and bidi marks: category
+``Cf``) into visible ``\\uXXXX`` text, so ``"\\n"`` is the only line break a program can print. The
+sandbox's own notices are lines starting with ``[sandbox]``; a program line that would read as one (after
+NFKC normalisation, so full-width brackets count, and after any leading whitespace) is shown with a
+leading backslash, so the model can trust every notice line it sees.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 
 NOTICE_TAG = "[sandbox]"
 _CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0)] if c not in (0x09, 0x0A)}
 
 
+class _VisibleTable(dict):
+    """``str.translate`` table: C0/C1 controls -> ``\\xNN``; separators and format characters (categories
+    ``Zl``, ``Zp``, ``Cf``) -> ``\\uXXXX``; anything else maps to itself. Filled lazily per character seen."""
+
+    def __missing__(self, code: int) -> str:
+        char = chr(code)
+        value = f"\\u{code:04x}" if unicodedata.category(char) in ("Cf", "Zl", "Zp") else char
+        self[code] = value
+        return value
+
+
+_VISIBLE = _VisibleTable(_CONTROLS)
+
+
 def clean_output(data: bytes) -> str:
-    """UTF-8 text of a program's output with control characters (but tab and newline) made visible."""
+    """UTF-8 text of a program's output with control, separator and format characters (but tab and
+    newline) made visible."""
     text = data.decode("utf-8", "replace").replace("\r\n", "\n")
-    return text.translate(_CONTROLS)
+    return text.translate(_VISIBLE)
+
+
+def _looks_like_notice(line: str) -> bool:
+    return unicodedata.normalize("NFKC", line).lstrip().lower().startswith(NOTICE_TAG)
 
 
 def _escape_notice_lookalikes(text: str) -> str:
-    """Prefix every line of program text that starts with ``NOTICE_TAG`` with a backslash."""
-    if NOTICE_TAG not in text:
-        return text
-    return "\n".join("\\" + line if line.startswith(NOTICE_TAG) else line for line in text.split("\n"))
+    """Make separators visible, then prefix every line that would read as a notice with a backslash."""
+    text = text.translate(_VISIBLE)  # text built outside clean_output may still hold U+2028 or a BOM
+    return "\n".join("\\" + line if _looks_like_notice(line) else line for line in text.split("\n"))
 
 
 @dataclass(frozen=True)

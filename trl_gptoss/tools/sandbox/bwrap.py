@@ -3,9 +3,11 @@
 ``bwrap`` gets its options through a pipe (``--args FD``): its command line, which every process of the call
 can read as ``/proc/1/cmdline``, is just ``bwrap --args N PYTHON -I -u /.sandbox/init.py KEY=VALUE...`` —
 no host paths beyond the interpreter, no pids, no cgroup names. The code arrives through a memfd copied to
-``/tmp/work/main.py``; the seccomp program through a pipe. Namespaces: user (see ``userns.py``), mount,
-PID (bubblewrap's PID 1 reaps, and when it dies the kernel kills every process of the call), network (no
-interface but a down loopback: no TCP/UDP, no abstract unix sockets of the host), IPC (no host SysV
+``/tmp/work/main.py``, ``init.py`` likewise to ``/.sandbox/init.py`` (a bind would show the repository's path
+in ``/proc/self/mountinfo``); the seccomp program through a pipe. Namespaces: user (see ``userns.py``), mount,
+PID (bubblewrap's PID 1 reaps, and when it dies the kernel kills every process of the call), network (its own loopback,
+up, and no other interface: the call's processes reach each other over 127.0.0.1, nothing else; no
+abstract unix sockets of the host), IPC (no host SysV
 shared memory; segments die with the call), UTS and cgroup. ``--die-with-parent`` ends the call if the
 host process dies, ``--new-session`` detaches it from any terminal.
 """
@@ -13,6 +15,7 @@ host process dies, ``--new-session`` detaches it from any terminal.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -21,9 +24,18 @@ import subprocess
 from trl_gptoss.tools.sandbox.init import CallConfig
 from trl_gptoss.tools.sandbox.limits import SandboxLimits
 from trl_gptoss.tools.sandbox.userns import PROCESS_USER_NAMESPACES, SANDBOX_UID
-from trl_gptoss.tools.sandbox.view import DATA_DIR, INIT_INSIDE, WORKDIR, HostView, bwrap_path
+from trl_gptoss.tools.sandbox.view import DATA_DIR, INIT_HOST, INIT_INSIDE, WORKDIR, HostView, bwrap_path
 
 NAMESPACES = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try")
+# GPT-OSS's builtin python description promises a drive at /mnt/data; within a conversation its files
+# persist because the rollout's PythonSession replays earlier cells.
+SCRATCH_TARGETS = ("/tmp", "/dev/shm", DATA_DIR)
+
+
+@functools.lru_cache(maxsize=1)
+def _init_source() -> bytes:
+    with open(INIT_HOST, "rb") as f:
+        return f.read()
 
 
 def _pipe_with(data: bytes) -> int:
@@ -51,9 +63,12 @@ def launch(
     host_uid: int | None,
     cgroup_procs: list[str],
     seccomp_filter: bytes | None,
+    scratch_binds: list[str] | None = None,
 ) -> subprocess.Popen:
     """Start the call; stdout/stderr are pipes, stdin is ``/dev/null``. ``host_uid``: the unprivileged host uid
     the code runs as (root hosts), or ``None`` to let bubblewrap map the host's own uid (non-root hosts).
+    ``scratch_binds``: ``--bind`` arguments of host-mounted, inode-capped tmpfs for ``SCRATCH_TARGETS``
+    (``scratch.py``); ``None``: bubblewrap's own ``--tmpfs`` (size only).
 
     The call joins ``cgroup_procs`` from the host while bubblewrap sets up its mounts: bubblewrap reports its
     child's pid (``--info-fd``) right after creating the namespaces and waits (``--block-fd``) before it forks
@@ -77,12 +92,16 @@ def launch(
             args += ["--unshare-user"]
         # Scratch first: the view's read-only binds may live under /tmp (a virtualenv there) and must stay on top.
         args += ["--proc", "/proc", "--dev", "/dev"]
-        args += ["--size", str(limits.disk_bytes), "--perms", "1777", "--tmpfs", "/tmp"]
-        args += ["--size", str(limits.disk_bytes), "--perms", "1777", "--tmpfs", "/dev/shm"]
-        # GPT-OSS's builtin python description promises a drive at /mnt/data; within a conversation its files
-        # persist because the rollout's PythonSession replays earlier cells.
-        args += ["--size", str(limits.disk_bytes), "--perms", "1777", "--tmpfs", DATA_DIR]
+        args += ["--perms", "0755", "--dir", os.path.dirname(DATA_DIR)]  # bubblewrap would make /mnt 0700
+        if scratch_binds is not None:
+            args += scratch_binds
+        else:
+            for target in SCRATCH_TARGETS:
+                args += ["--size", str(limits.disk_bytes), "--perms", "1777", "--tmpfs", target]
         args += list(view.args)
+        fds.append(_memfd_with(_init_source()))
+        args += ["--perms", "0755", "--dir", os.path.dirname(INIT_INSIDE), "--perms", "0444", "--file", str(fds[-1])]
+        args += [INIT_INSIDE]
         args += ["--perms", "0777", "--dir", WORKDIR, "--perms", "0444", "--file", str(code_fd), f"{WORKDIR}/main.py"]
         args += ["--chdir", WORKDIR, "--info-fd", str(info_write), "--block-fd", str(block_read)]
         if seccomp_filter is not None:

@@ -12,16 +12,25 @@ sandbox runs without cgroups and says so in ``PythonSandbox.cgroups``.
 Under bubblewrap the host moves the call's two bubblewrap processes into the groups while they are held
 before the interpreter starts (``bwrap.py``); under process isolation ``init.py`` joins by writing ``0``
 ("myself") to each ``cgroup.procs``. Either way every process of the call inherits the groups.
+
+A group stays busy for a moment after the call's processes are killed (the kernel tears the PID and mount
+namespaces down asynchronously). The call waits ``REMOVE_WAIT`` for it, then returns and leaves the group
+to ``reap()``, which every later call and every new ``PythonSandbox`` runs: it removes this process's
+pending groups, and groups of any other process (a host that was killed mid-call) that are empty and
+older than ``FOREIGN_AGE``; a group in use is never removed (the kernel refuses ``rmdir`` while it holds
+a process). Memory cgroup ids are finite (65535 per host), so no group may be leaked for good.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
+import glob
 import os
 import secrets
+import threading
 import time
-import warnings
 from collections.abc import Iterator
 
 ROOT = "/sys/fs/cgroup"
@@ -30,6 +39,11 @@ GROUP_PREFIX = "trl-gptoss-sandbox-"
 # (/proc/self/cgroup) and must learn nothing about the host from it.
 PROCESS_TOKEN = secrets.token_hex(6)
 CPU_PERIOD_US = 100_000
+REMOVE_WAIT = 0.2  # seconds a call waits for its groups to empty before leaving them to reap()
+FOREIGN_AGE = 60.0  # another process's empty group this old is a leftover (no call takes a minute to join)
+
+_pending: set[str] = set()  # this process's groups that could not be removed yet
+_pending_lock = threading.Lock()
 
 
 def _writable(path: str) -> bool:
@@ -94,21 +108,65 @@ def _create(name: str, memory_bytes: int, max_processes: int, cpu_cores: float) 
     return [group]
 
 
-def _remove(directories: list[str], seconds: float = 2.0) -> None:
-    """rmdir each group; a group stays busy for a moment while its last processes are reaped."""
+def _try_rmdir(directory: str) -> bool:
+    """True when ``directory`` is gone (removed now, or already)."""
+    try:
+        os.rmdir(directory)
+    except FileNotFoundError:
+        return True
+    except OSError:  # EBUSY: processes still in it
+        return False
+    return True
+
+
+def _remove(directories: list[str], seconds: float = REMOVE_WAIT) -> None:
+    """rmdir each group, waiting at most ``seconds`` in all; the rest is left to ``reap()``."""
     deadline = time.monotonic() + seconds
     for directory in directories:
-        while True:
-            try:
-                os.rmdir(directory)
+        while not _try_rmdir(directory):
+            if time.monotonic() > deadline:
+                with _pending_lock:
+                    _pending.add(directory)
                 break
-            except FileNotFoundError:
-                break
-            except OSError as exc:
-                if time.monotonic() > deadline:  # leak an empty group rather than fail the rollout
-                    warnings.warn(f"could not remove sandbox cgroup {directory}: {exc}", stacklevel=3)
-                    break
-                time.sleep(0.01)
+            time.sleep(0.01)
+
+
+def all_groups() -> list[str]:
+    """Every per-call group on this host, of any process."""
+    pattern = f"{GROUP_PREFIX}*"
+    return glob.glob(os.path.join(ROOT, "*", pattern)) + glob.glob(os.path.join(ROOT, pattern))
+
+
+def reap(foreign: bool = False) -> int:
+    """Remove this process's pending groups (and, with ``foreign``, other processes' empty groups older
+    than ``FOREIGN_AGE``); return how many were removed."""
+    with _pending_lock:
+        pending = list(_pending)
+    removed = 0
+    for directory in pending:
+        if _try_rmdir(directory):
+            removed += 1
+            with _pending_lock:
+                _pending.discard(directory)
+    if foreign:
+        own = f"{GROUP_PREFIX}{PROCESS_TOKEN}-"
+        now = time.time()
+        for directory in all_groups():
+            if os.path.basename(directory).startswith(own):
+                continue
+            with contextlib.suppress(OSError):
+                if now - os.stat(directory).st_mtime > FOREIGN_AGE and _try_rmdir(directory):
+                    removed += 1
+    return removed
+
+
+atexit.register(reap)
+
+
+def pending() -> list[str]:
+    """This process's groups still waiting for ``reap()``."""
+    with _pending_lock:
+        return sorted(_pending)
 
 
 @contextlib.contextmanager
@@ -117,7 +175,14 @@ def call_cgroups(marker: str, memory_bytes: int, max_processes: int, cpu_cores: 
     if cgroup_layout() is None:
         yield []
         return
-    directories = _create(f"{GROUP_PREFIX}{PROCESS_TOKEN}-{marker}", memory_bytes, max_processes, cpu_cores)
+    if _pending:
+        reap()
+    name = f"{GROUP_PREFIX}{PROCESS_TOKEN}-{marker}"
+    try:
+        directories = _create(name, memory_bytes, max_processes, cpu_cores)
+    except BaseException:  # e.g. ENOSPC on the second hierarchy: remove what the first mkdir made
+        _remove([os.path.join(ROOT, c, name) for c in ("memory", "pids", "cpu")] + [os.path.join(ROOT, name)])
+        raise
     try:
         yield [os.path.join(d, "cgroup.procs") for d in directories]
     finally:

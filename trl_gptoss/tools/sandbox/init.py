@@ -12,8 +12,10 @@ Steps, before any model-written byte is compiled:
    process of the call can raise a hard limit again);
 3. drop to the unprivileged uid (``setgroups([])``, ``setresgid``, ``setresuid``: the capabilities bubblewrap
    left us for this step vanish with the uid change);
-4. (process isolation only) replace the ``socket`` constructors: a Python-level speed bump, not a wall;
-5. run ``main.py`` as ``__main__`` in this interpreter (a second interpreter would cost another ~20 ms);
+4. close every inherited descriptor but stdin/stdout/stderr (bubblewrap does not close the user namespace
+   fd it was given with ``--userns``);
+5. (process isolation only) replace the ``socket`` constructors: a Python-level speed bump, not a wall;
+6. run ``main.py`` as ``__main__`` in this interpreter (a second interpreter would cost another ~20 ms);
    a traceback shows the model's frames only.
 """
 
@@ -113,6 +115,21 @@ def drop_privileges(uid):
         raise OSError(f"could not switch to uid {uid}")
 
 
+def close_inherited_fds():
+    """Close every descriptor above 2 (listed from ``/proc/self/fd``; a limit-based range could miss fds
+    above ``RLIMIT_NOFILE``, and ``/proc`` may be absent under process isolation: then try a range)."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = range(3, 1024)
+    for fd in fds:
+        if fd > 2:
+            try:  # noqa: SIM105 - contextlib is one more import on every call
+                os.close(fd)
+            except OSError:  # the listing's own descriptor, already closed
+                pass
+
+
 def block_sockets():
     import socket
 
@@ -151,6 +168,7 @@ def main():
         join_cgroups(cfg.cgroup_procs)
         set_limits(cfg)
         drop_privileges(cfg.uid)
+        close_inherited_fds()
         if cfg.block_sockets:
             block_sockets()
     except BaseException as exc:  # noqa: BLE001 - report any set-up failure, never run the code

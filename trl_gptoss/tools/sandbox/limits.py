@@ -18,9 +18,11 @@ class SandboxLimits:
     (virtual memory, so keep headroom for imports such as numpy: 512 MiB is enough for numpy/sympy);
     ``max_processes`` is the call's ``pids.max`` and its ``RLIMIT_NPROC`` (threads count too);
     ``file_size_bytes`` is ``RLIMIT_FSIZE``; ``disk_bytes`` is the size of each private tmpfs (``/tmp``,
-    ``/dev/shm``); ``output_bytes`` caps stdout and stderr captured together: past it the call is killed and
-    marked truncated, so 100 MB of output never piles up in memory. ``memory_bytes`` is the whole call's
-    memory (all its processes together, a memory cgroup). The three cgroup limits apply when the host lets us
+    ``/dev/shm``, ``/mnt/data``) and ``disk_files`` its inode cap (``nr_inodes``: files, directories and
+    links together; applied where the host may mount, see ``PythonSandbox.disk_files_capped``);
+    ``output_bytes`` caps stdout and stderr captured together: past it the call is killed and marked
+    truncated, so 100 MB of output never piles up in memory. ``memory_bytes`` is the whole call's memory
+    (all its processes together, a memory cgroup). The three cgroup limits apply when the host lets us
     create cgroups (``PythonSandbox.cgroups`` says which; see ``docs/tools_and_rewards.md``).
     """
 
@@ -30,6 +32,7 @@ class SandboxLimits:
     max_processes: int = 32
     file_size_bytes: int = 16 * MIB
     disk_bytes: int = 64 * MIB
+    disk_files: int = 16384
     open_files: int = 64
     output_bytes: int = 64 * 1024
     memory_bytes: int = 1024 * MIB

@@ -24,7 +24,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from trl_gptoss.tools.result import ToolResult, clean_output
-from trl_gptoss.tools.sandbox import bwrap, cgroups, process, userns
+from trl_gptoss.tools.sandbox import bwrap, cgroups, process, scratch, userns
 from trl_gptoss.tools.sandbox.limits import SandboxLimits
 from trl_gptoss.tools.sandbox.seccomp import build_filter
 from trl_gptoss.tools.sandbox.view import DEFAULT_PACKAGES, WORKDIR, host_view
@@ -97,12 +97,19 @@ class PythonSandbox:
             self._view = host_view(self.python, tuple(packages))
             self.missing_packages = self._view.missing_packages
             self._seccomp = build_filter() if seccomp else None
+            # disk_files (nr_inodes) needs tmpfs mounted by this process (scratch.py); else size only.
+            self.disk_files_capped = scratch.host_can_mount()
+            if self.disk_files_capped:
+                scratch.reap_dead_staging()
         else:
             self.missing_packages = ()
+            self.disk_files_capped = False
             if self._is_root:
                 process.check_reachable_by_others(self.python)
         self.cgroups = cgroups.cgroup_layout()  # "v1", "v2" or None: whole-call memory/process caps
         self.cpu_quota = self.cgroups is not None and cgroups.has_cpu_quota()
+        if self.cgroups is not None:
+            cgroups.reap(foreign=True)  # groups a killed host left behind
 
     def run(self, code: str) -> ToolResult:
         """Run ``code`` as ``main.py`` in a fresh sandbox and return what it printed and how it ended."""
@@ -129,8 +136,9 @@ class PythonSandbox:
             userns.PROCESS_UID_SLOTS.lease() as lease,
             cgroups.call_cgroups(marker, limits.memory_bytes, limits.max_processes, limits.cpu_cores) as procs,
             self._call_dir() as call_dir,
+            self._scratch() as mounts,
         ):
-            proc = self._launch(source, lease.uid if self._is_root else None, procs, marker, call_dir)
+            proc = self._launch(source, lease.uid if self._is_root else None, procs, marker, call_dir, mounts)
             truncated = timed_out = True  # until _collect says otherwise (it may raise)
             try:
                 out, err, truncated, timed_out = _collect(proc, start + limits.wall_seconds, limits.output_bytes)
@@ -161,9 +169,25 @@ class PythonSandbox:
         finally:
             shutil.rmtree(call_dir, ignore_errors=True)
 
-    def _launch(self, source, uid, procs, marker, call_dir) -> subprocess.Popen:
+    @contextlib.contextmanager
+    def _scratch(self):
+        """The call's inode-capped tmpfs, mounted by this process (``None``: bubblewrap's ``--tmpfs``)."""
+        if self.isolation != "namespaces" or not self.disk_files_capped:
+            yield None
+            return
+        mounts = scratch.Scratch(bwrap.SCRATCH_TARGETS, self.limits.disk_bytes, self.limits.disk_files)
+        try:
+            yield mounts
+        finally:
+            mounts.remove()
+
+    def _launch(self, source, uid, procs, marker, call_dir, mounts) -> subprocess.Popen:
         if self.isolation == "namespaces":
-            return bwrap.launch(source, self._view, self.limits, _BASE_ENV, uid, procs, self._seccomp)
+            binds = mounts.binds if mounts is not None else None
+            proc = bwrap.launch(source, self._view, self.limits, _BASE_ENV, uid, procs, self._seccomp, binds)
+            if mounts is not None:
+                mounts.unmount()  # bubblewrap's namespace has its own copies; their directories stay until the end
+            return proc
         env = {**_BASE_ENV, "HOME": call_dir, process.MARKER_VAR: marker}
         return process.launch(source, self.python, self.limits, env, uid, procs, call_dir)
 

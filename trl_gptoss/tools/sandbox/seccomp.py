@@ -12,7 +12,7 @@ would break numpy/sympy/multiprocessing on kernel or libc updates):
 - kernel attack surface: ``bpf``, ``perf_event_open``, ``userfaultfd``, ``io_uring_*``, ``keyctl`` and
   friends, ``open_by_handle_at``, modules, ``kexec``, ``syslog``, ``personality``, swap, reboot, ...;
 - sockets other than ``AF_UNIX``/``AF_INET``/``AF_INET6`` (netlink, vsock, packet, ... fail with
-  ``EAFNOSUPPORT``; the network namespace already has no interface but a down loopback);
+  ``EAFNOSUPPORT``; the network namespace already has no interface but its own loopback);
 - ``ioctl(TIOCSTI)`` (typing into a terminal).
 
 Denied calls fail with ``EPERM`` (the program sees an ordinary ``PermissionError``); a syscall of another

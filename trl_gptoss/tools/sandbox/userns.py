@@ -75,6 +75,7 @@ def _map_new_namespace(host_uid: int) -> int:
         return os.open(f"/proc/{helper.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
     finally:
         helper.stdin.close()
+        helper.stdout.close()
         helper.wait()
 
 

@@ -9,13 +9,13 @@ Bubblewrap starts every call on an empty tmpfs root and mounts only what is list
   otherwise empty ``site-packages``, with a wheel's ``<name>.libs`` directory of bundled shared libraries;
 - the system's shared libraries (``/lib64``, ``/usr/lib64``, the multiarch ``/usr/lib/<triple>`` and
   ``/lib/<triple>``, or ``/usr/lib`` when there is none) and ``/etc/ld.so.cache``;
-- the sandbox's own ``init.py`` at ``/.sandbox/init.py``.
+- (added per call by ``bwrap.py``, as a copy) the sandbox's own ``init.py`` at ``/.sandbox/init.py``.
 
 Fresh mounts complete it: ``/proc`` of the call's PID namespace, a ``/dev`` with only ``null``, ``zero``,
 ``full``, ``random``, ``urandom``, ``tty``, ``ptmx`` and ``pts``, size-limited tmpfs ``/tmp`` (working
-directory ``/tmp/work``) and ``/dev/shm``. Everything else of the host — the repository, the training data
-and its answers, outputs, caches, ``/root``, ``/home``, other packages, host sockets, ``/sys`` — does not
-exist inside.
+directory ``/tmp/work``), ``/dev/shm`` and ``/mnt/data`` (``scratch.py``). Everything else of the host — the
+repository, the training data and its answers, outputs, caches, ``/root``, ``/home``, other packages, host
+sockets, ``/sys`` — does not exist inside.
 """
 
 from __future__ import annotations
@@ -84,7 +84,6 @@ def host_view(python: str, packages: tuple[str, ...]) -> HostView:
     args += _interpreter_args(python, info)
     args += _package_args(info)
     args += _system_library_args(info["cfg"].get("MULTIARCH") or sysconfig.get_config_var("MULTIARCH"))
-    args += ["--ro-bind", INIT_HOST, INIT_INSIDE]
     args = _parent_dirs(args) + args
     found = tuple(p for p in packages if p in info["packages"])
     return HostView(python, found, tuple(p for p in packages if p not in found), tuple(args))
