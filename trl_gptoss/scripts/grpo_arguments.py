@@ -117,25 +117,58 @@ def _unknown_field_message(error: str, known: list[str]) -> str:
     )
 
 
+def read_config(path: str) -> dict:
+    """The YAML mapping at ``path``; ``SystemExit`` naming the file, the line and what is wrong."""
+    import yaml
+
+    if not os.path.isfile(path):
+        raise SystemExit(
+            f"error: config file {path!r} does not exist; give a YAML path such as "
+            "examples/configs/retool_cpu_demo.yaml (relative to the directory you run from)"
+        )
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = yaml.safe_load(f)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
+        problem = getattr(exc, "problem", None) or exc
+        raise SystemExit(f"error: {where}: not valid YAML ({problem}); fix the syntax at that line") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SystemExit(f"error: config file {path!r} cannot be read ({exc})") from None
+    if config is None:
+        config = {}
+    if not isinstance(config, dict):
+        raise SystemExit(
+            f"error: {path}: the config must be a YAML mapping of `field: value` lines, got a {type(config).__name__}"
+        )
+    if not isinstance(config.get("env", {}), dict):
+        raise SystemExit(f"error: {path}: env: give a mapping of environment variables (`env: {{NAME: value}}`)")
+    return config
+
+
 def parse_job_args(argv: list[str] | None, *, check: bool = True):
     """``(JobArguments, GptOssGRPOConfig)`` from ``--config x.yaml`` and ``--field value`` overrides.
 
-    ``check=False`` skips ``check_job`` (the checks that look at this machine: paths, vLLM install).
+    Every error is a ``SystemExit`` naming the key: invalid YAML, a value of the wrong type, an unknown field
+    (with the closest known names), a value ``GptOssGRPOConfig`` refuses, and -- unless ``check=False`` --
+    what ``check_job`` refuses (job fields, combinations, paths and the vLLM install on this machine).
     """
     import sys
 
     from trl import TrlParser
 
+    from trl_gptoss.scripts.config_values import field_types, value_problems
     from trl_gptoss.trainer import GptOssGRPOConfig
 
     argv = list(sys.argv[1:] if argv is None else argv)
     config_path, argv = _split_config(argv)
-    if config_path is not None and not os.path.isfile(config_path):
-        raise SystemExit(
-            f"error: config file {config_path!r} does not exist; give a YAML path such as "
-            "examples/configs/retool_cpu_demo.yaml (relative to the directory you run from)"
-        )
     types = (JobArguments, GptOssGRPOConfig)
+    if config_path is not None:
+        config = read_config(config_path)
+        config.pop("env", None)
+        if problems := value_problems(config, field_types(types)):
+            raise SystemExit(f"error: {config_path}: wrong value types:\n  - " + "\n  - ".join(problems))
     parser = TrlParser(types)
     try:
         job, training = parser.parse_args_and_config(argv)
@@ -143,6 +176,8 @@ def parse_job_args(argv: list[str] | None, *, check: bool = True):
         if "Unknown arguments" in str(exc):
             raise SystemExit("error: " + _unknown_field_message(str(exc), _known_fields(types))) from None
         raise SystemExit(f"error: invalid training configuration: {exc}") from None
+    except (TypeError, AttributeError, KeyError) as exc:  # a __post_init__ tripping over a value
+        raise SystemExit(f"error: invalid training configuration ({type(exc).__name__}: {exc})") from None
     if check:
         from trl_gptoss.scripts.grpo_checks import check_job
 

@@ -7,17 +7,18 @@ Every problem names the key and what to change; all of them are reported at once
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
+from pathlib import Path
 
 from trl_gptoss.data.tasks import TASKS
 from trl_gptoss.scripts.grpo_arguments import EMBEDDED_MODEL, JobArguments
 
 
 def check_job(job: JobArguments, training) -> None:
-    """Refuse combinations that would fail late or train silently wrong, before any model loads."""
-    problems = _task_problems(job, training)
-    if job.dtype not in ("bfloat16", "float32", "auto"):
-        problems.append(f"dtype={job.dtype!r}: choose bfloat16, float32 or auto")
+    """Refuse values and combinations that would fail late or train silently wrong, before any model loads."""
+    problems = _job_field_problems(job) + _task_problems(job, training) + _path_problems(job, training)
     if job.model_name_or_path == EMBEDDED_MODEL:
         if training.bf16 or training.fp16:
             problems.append("the embedded demo model trains in float32: set bf16: false (and fp16: false)")
@@ -34,6 +35,43 @@ def check_job(job: JobArguments, training) -> None:
         problems.append("sp_size > 1 with use_peft is untested here; use one or the other")
     if problems:
         raise SystemExit("error: the configuration cannot run:\n  - " + "\n  - ".join(problems))
+
+
+def _job_field_problems(job: JobArguments) -> list[str]:
+    """Each ``JobArguments`` field on its own."""
+    problems = []
+    if not isinstance(job.model_name_or_path, str) or not job.model_name_or_path.strip():
+        problems.append(
+            f"model_name_or_path={job.model_name_or_path!r}: give a hub id, a checkpoint directory or 'embedded'"
+        )
+    if job.dtype not in ("bfloat16", "float32", "auto"):
+        problems.append(f"dtype={job.dtype!r}: choose bfloat16, float32 or auto")
+    for name in ("num_prompts", "warmstart_steps", "warmstart_demonstrations", "lora_r"):
+        if not _is_int(getattr(job, name)) or getattr(job, name) < 1:
+            problems.append(f"{name}={getattr(job, name)!r}: give an integer >= 1")
+    if job.dataset_limit is not None and (not _is_int(job.dataset_limit) or job.dataset_limit < 1):
+        problems.append(f"dataset_limit={job.dataset_limit!r}: give a number of rows >= 1, or null for all of them")
+    if job.warmstart_seed is not None and not _is_int(job.warmstart_seed):
+        problems.append(f"warmstart_seed={job.warmstart_seed!r}: give an integer, or null to use seed")
+    if not 0.0 <= job.warmstart_tool_fraction <= 1.0:
+        problems.append(f"warmstart_tool_fraction={job.warmstart_tool_fraction!r}: give a fraction in [0, 1]")
+    for name in ("warmstart_learning_rate", "lora_alpha"):
+        if not getattr(job, name) > 0:
+            problems.append(f"{name}={getattr(job, name)!r}: give a number > 0")
+    if not 0.0 <= job.lora_dropout < 1.0:
+        problems.append(f"lora_dropout={job.lora_dropout!r}: give a probability in [0, 1)")
+    modules = job.lora_target_modules
+    if not modules or not all(isinstance(m, str) and m for m in modules):
+        problems.append(f"lora_target_modules={modules!r}: give a list of module names, e.g. [q_proj, v_proj]")
+    if job.dataset_name is not None and job.dataset_source != "hub":
+        problems.append(
+            f"dataset_name={job.dataset_name!r} is read only with dataset_source: hub; set that or drop dataset_name"
+        )
+    return problems
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _task_problems(job: JobArguments, training) -> list[str]:
@@ -53,6 +91,49 @@ def _task_problems(job: JobArguments, training) -> list[str]:
         names = ", ".join(missing)
         problems.append(f"task={job.task!r} is solved with the {names} tool: set tool_names: [{names}]")
     return problems
+
+
+def _path_problems(job: JobArguments, training) -> list[str]:
+    """Directories the run writes must be writable, a checkpoint it resumes from must exist and be whole."""
+    problems = [p for p in [_unwritable("output_dir", training.output_dir)] if p]
+    if job.warmstart_dir is not None and (problem := _unwritable("warmstart_dir", job.warmstart_dir)):
+        problems.append(problem)
+    resume = training.resume_from_checkpoint
+    if resume not in (None, "latest"):
+        path = Path(resume)
+        fix = "give a checkpoint-N directory, or 'latest' (the newest complete one in output_dir; none: a fresh start)"
+        if not path.is_dir():
+            problems.append(f"resume_from_checkpoint={resume!r} is not a directory; {fix}")
+        elif not is_complete_checkpoint(path):
+            problems.append(f"resume_from_checkpoint={resume!r} is incomplete (no readable trainer_state.json); {fix}")
+    return problems
+
+
+def is_complete_checkpoint(path) -> bool:
+    """``trainer_state.json`` parses: the Trainer writes it last, after the weights, optimizer and RNG states."""
+    try:
+        state = json.loads((Path(path) / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(state, dict) and "global_step" in state
+
+
+def _unwritable(key: str, directory) -> str | None:
+    """A message when ``directory`` cannot be created or written here (tried with a temporary file, which works
+    for root too, unlike ``os.access``); ``None`` when it can."""
+    path = Path(directory).expanduser().absolute()
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{key}={str(directory)!r}: {existing} is a file, not a directory; pick another {key}"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".trl-gptoss-write-check-", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"{key}={str(directory)!r}: cannot write in {existing} ({exc.strerror}); pick a directory you can write"
+    return None
 
 
 def _local_server_problems() -> list[str]:
