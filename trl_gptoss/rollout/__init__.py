@@ -2,6 +2,7 @@
 
 from trl_gptoss.rollout.config import RolloutConfig
 from trl_gptoss.rollout.loop import arun_rollouts, run_rollouts
+from trl_gptoss.rollout.push import push_tensors
 from trl_gptoss.rollout.server import VLLMServer
 from trl_gptoss.rollout.transformers_engine import TransformersEngine
 from trl_gptoss.rollout.types import (
@@ -27,6 +28,7 @@ __all__ = [
     "VLLMServerEngine",
     "VLLMServerError",
     "arun_rollouts",
+    "push_tensors",
     "run_rollouts",
 ]
 
