@@ -28,7 +28,8 @@ from typing import NamedTuple
 
 import torch
 
-from gptoss_kernels.validation import _check_sinks, _check_tensors, check_sink_attention_inputs
+from gptoss_kernels.autocast import autocast_inputs, without_autocast
+from gptoss_kernels.validation import check_sink_attention_inputs, check_sinks, check_tensors
 
 # Score-tile budget in elements (Hq * q rows * keys). Measured on a 2-core CPU at GPT-OSS shape (64 heads):
 # 64 query rows x 512 keys (2**21 fp32 = 8 MiB per tile) runs fwd+bwd ~1.5x faster than 256 x 512 (32 MiB),
@@ -200,6 +201,7 @@ class ChunkedSinkAttention(torch.autograd.Function):
     ``key_valid`` bool ``[Nk]`` or None, ``plan`` from ``tile_plan``."""
 
     @staticmethod
+    @without_autocast
     def forward(ctx, q, k, v, sinks, lo, hi, key_valid, plan, scale):
         nq, hq, dim = q.shape
         hkv = k.shape[1]
@@ -221,6 +223,7 @@ class ChunkedSinkAttention(torch.autograd.Function):
         return out.to(q.dtype), lse
 
     @staticmethod
+    @without_autocast
     def backward(ctx, grad_out, _grad_lse):
         q, k, v, sinks, lo, hi, key_valid, out, lse = ctx.saved_tensors
         nq, hq, dim = q.shape
@@ -263,7 +266,8 @@ class ChunkedSinkAttention(torch.autograd.Function):
         return dq, dk, dv, dsinks, None, None, None, None, None
 
 
-def _check_tuning(q_chunk, key_chunk, scale, head_dim):
+def check_tuning(q_chunk, key_chunk, scale, head_dim) -> float:
+    """Check the chunk sizes and the scale; returns the scale as a float (default ``head_dim ** -0.5``)."""
     for name, value in (("q_chunk", q_chunk), ("key_chunk", key_chunk)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
             raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -297,17 +301,27 @@ def sink_attention_chunked(
     (default: as many as fit ``DEFAULT_TILE_ELEMENTS`` for all heads). ``max_seqlen`` is only checked.
     Returns ``o`` like ``q`` (and with ``return_lse`` the sink-inclusive lse ``[B, Tq, Hq]`` or
     ``[total, Hq]`` in float32, float64 for float64 inputs; ``-inf`` for a row with no key and no sink).
+    Under ``torch.autocast`` q, k, v run in the autocast dtype (see ``autocast.py``).
     """
+    q, k, v = autocast_inputs(q, k, v)
     info = check_sink_attention_inputs(
         q, k, v, sinks, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, window=window, key_mask=key_mask
     )
-    scale = _check_tuning(q_chunk, key_chunk, scale, q.shape[-1])
+    return run_sink_attention_chunked(
+        q, k, v, sinks, info, cu_seqlens, window, scale, key_mask, q_chunk, key_chunk, return_lse
+    )
+
+
+def run_sink_attention_chunked(
+    q, k, v, sinks, info, cu_seqlens, window, scale, key_mask, q_chunk=DEFAULT_Q_CHUNK, key_chunk=None, return_lse=False
+):
+    """Inputs already checked by ``check_sink_attention_inputs`` (``info`` is what it returned: the packed
+    layout's ``CuSeqlensInfo`` or None) -> the autograd function on the flattened layout.
+
+    Arguments and result as ``sink_attention_chunked``; reads nothing back from the device.
+    """
+    scale = check_tuning(q_chunk, key_chunk, scale, q.shape[-1])
     layout = ("packed", info.bounds) if info is not None else ("batched", q.shape[1], k.shape[1])
-    return _run_chunked(q, k, v, sinks, layout, cu_seqlens, window, scale, key_mask, q_chunk, key_chunk, return_lse)
-
-
-def _run_chunked(q, k, v, sinks, layout, cu_seqlens, window, scale, key_mask, q_chunk, key_chunk, return_lse):
-    """Validated inputs -> the autograd function on the flattened layout; no device->host copies."""
     hq, dim, hkv = q.shape[-2], q.shape[-1], k.shape[-2]
     key_chunk = _key_chunk_for(hq, q_chunk, key_chunk)
     if window is not None and window >= k.reshape(-1, hkv, dim).shape[0]:
@@ -356,15 +370,16 @@ def sink_attention_intervals(
     ``q: [Nq, Hq, D]``, ``k, v: [Nk, Hkv, D]``; query row r attends to keys ``lo[r] .. hi[r]`` of
     ``intervals`` (inclusive, empty when ``lo > hi``: that row returns 0). Differentiable in q, k, v, sinks.
     """
-    _check_tensors(q, k, v, 3, "[N, H, D]")
-    _check_sinks(sinks, q.shape[1], q.device)
+    q, k, v = autocast_inputs(q, k, v)
+    check_tensors(q, k, v, 3, "[N, H, D]")
+    check_sinks(sinks, q.shape[1], q.device)
     if len(intervals.lo) != q.shape[0]:
         raise ValueError(f"intervals has {len(intervals.lo)} rows but q has {q.shape[0]}")
     if intervals.hi and intervals.hi[-1] >= k.shape[0]:
         raise ValueError(f"key intervals must end before key {k.shape[0]}, got hi[-1]={intervals.hi[-1]}")
     if intervals.lo_t.device != q.device:
         raise ValueError(f"intervals were built for {intervals.lo_t.device} but q is on {q.device}")
-    scale = _check_tuning(q_chunk, key_chunk, scale, q.shape[-1])
+    scale = check_tuning(q_chunk, key_chunk, scale, q.shape[-1])
     key_chunk = _key_chunk_for(q.shape[1], q_chunk, key_chunk)
     plan = tile_plan(("rows", intervals.lo, intervals.hi), q.shape[0], None, q_chunk, key_chunk, False)
     out, _ = ChunkedSinkAttention.apply(q, k, v, sinks, intervals.lo_t, intervals.hi_t, None, plan, scale)

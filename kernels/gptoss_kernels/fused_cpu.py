@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from gptoss_kernels.autocast import autocast_inputs, without_autocast
+
 _FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _FLASH_CPU_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 _ROWS_PER_DELTA_CHUNK = 32  # [B, Hq, 32, D] product temps: 0.5 MiB at GPT-OSS heads
@@ -51,6 +53,7 @@ class FusedCpuSinkAttention(torch.autograd.Function):
     """q ``[B, T, Hq, D]``, k/v ``[B, T, Hkv, D]``, sinks ``[Hq]`` -> o ``[B, T, Hq, D]`` (a transposed view)."""
 
     @staticmethod
+    @without_autocast
     def forward(ctx, q, k, v, sinks, scale):
         qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
         out, lse = _FLASH_CPU(qh, kh, vh, 0.0, True, scale=scale)
@@ -62,6 +65,7 @@ class FusedCpuSinkAttention(torch.autograd.Function):
         return out.transpose(1, 2)
 
     @staticmethod
+    @without_autocast
     def backward(ctx, grad_out):
         q, k, v, sinks, out, lse = ctx.saved_tensors
         do = grad_out.transpose(1, 2)
@@ -79,5 +83,6 @@ class FusedCpuSinkAttention(torch.autograd.Function):
 def sink_attention_fused_cpu(q, k, v, sinks, *, scale=None):
     """Full causal sink attention, batched ``q: [B, T, Hq, D]``, ``k, v: [B, T, Hkv, D]`` on CPU
     (validated by the caller; see ``fused_cpu_supports``). Differentiable in q, k, v and sinks."""
+    q, k, v = autocast_inputs(q, k, v)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     return FusedCpuSinkAttention.apply(q, k, v, sinks, scale)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from gptoss_kernels.autocast import autocast_inputs, autocast_off
 from gptoss_kernels.validation import check_sink_attention_inputs
 
 
@@ -58,11 +59,19 @@ def sink_attention_ref(
     ``key_mask``: batched only, bool ``[B, Tk]``, False = a padding key (any pattern, holes included);
     a query row that sees no key returns 0.
     Returns ``o`` shaped like ``q`` (in q's dtype), and with ``return_lse`` also ``lse`` in float32/64:
-    ``[B, Tq, Hq]`` or ``[total, Hq]``; lse includes the sink.
+    ``[B, Tq, Hq]`` or ``[total, Hq]``; lse includes the sink. Under ``torch.autocast`` q, k, v are cast to
+    the autocast dtype, as for every backend, and the math then runs with autocast off (``autocast.py``).
     """
+    q, k, v = autocast_inputs(q, k, v)
     check_sink_attention_inputs(
         q, k, v, sinks, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, window=window, key_mask=key_mask
     )
+    with autocast_off(q.device):
+        return _reference(q, k, v, sinks, cu_seqlens, window, scale, key_mask, return_lse)
+
+
+def _reference(q, k, v, sinks, cu_seqlens, window, scale, key_mask, return_lse):
+    """``sink_attention_ref`` on checked inputs: fp32 math (float64 for float64 inputs), one sequence at a time."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     qc, kc, vc, sc = (t.to(compute) for t in (q, k, v, sinks))

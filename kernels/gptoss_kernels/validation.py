@@ -2,18 +2,19 @@
 one capability rule "what the Triton kernel can run" shared by dispatch and the Triton entry point.
 
 Validating ``cu_seqlens`` needs its values on the host (one device->host copy). The result is remembered
-per tensor (keyed weakly by the tensor, invalidated by any in-place write), so a layout built once per
-step and handed to every layer is read back once, not once per layer.
+per tensor object (``tensor_cache.TensorCache``: invalidated by any in-place write, inference tensors
+included), so a layout built once per step and handed to every layer is read back once, not once per layer.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import weakref
 from typing import NamedTuple
 
 import torch
+
+from gptoss_kernels.tensor_cache import TensorCache
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -28,27 +29,11 @@ class CuSeqlensInfo(NamedTuple):
     longest: int
 
 
-# id(tensor) -> (weak reference, tensor._version, info); tensors compare elementwise, so no WeakKeyDictionary.
-_VALIDATED: dict[int, tuple] = {}
+# Validated cu_seqlens per tensor object (see tensor_cache.py: invalidated by any in-place write).
+_VALIDATED = TensorCache(size=16)
 
 
-def _remember(tensor, info):
-    key = id(tensor)
-    _VALIDATED[key] = (weakref.ref(tensor, lambda _ref: _VALIDATED.pop(key, None)), tensor._version, info)
-
-
-def _recall(tensor):
-    entry = _VALIDATED.get(id(tensor))
-    if entry is None or entry[0]() is not tensor or entry[1] != tensor._version:
-        return None
-    return entry[2]
-
-
-def cu_seqlens_info(cu_seqlens: torch.Tensor, total: int) -> CuSeqlensInfo:
-    """Check ``cu_seqlens`` (int32, 1-D, from 0, non-decreasing, ending at ``total``); cached per tensor."""
-    cached = _recall(cu_seqlens)
-    if cached is not None and cached.bounds[-1] == total:
-        return cached
+def _check_cu_seqlens_values(cu_seqlens: torch.Tensor) -> CuSeqlensInfo:
     if cu_seqlens.dtype != torch.int32:
         raise ValueError(f"cu_seqlens must be int32, got {cu_seqlens.dtype}; use cu_seqlens.to(torch.int32)")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
@@ -56,14 +41,18 @@ def cu_seqlens_info(cu_seqlens: torch.Tensor, total: int) -> CuSeqlensInfo:
     values = tuple(cu_seqlens.tolist())
     if values[0] != 0 or any(b < a for a, b in zip(values[:-1], values[1:])):
         raise ValueError(f"cu_seqlens must start at 0 and be non-decreasing, got {list(values[:8])}...")
-    if values[-1] != total:
-        raise ValueError(f"cu_seqlens[-1]={values[-1]} must equal the packed token count {total} (q.shape[0])")
-    info = CuSeqlensInfo(values, max(b - a for a, b in zip(values[:-1], values[1:])))
-    _remember(cu_seqlens, info)
+    return CuSeqlensInfo(values, max(b - a for a, b in zip(values[:-1], values[1:])))
+
+
+def cu_seqlens_info(cu_seqlens: torch.Tensor, total: int) -> CuSeqlensInfo:
+    """Check ``cu_seqlens`` (int32, 1-D, from 0, non-decreasing, ending at ``total``); cached per tensor."""
+    info = _VALIDATED.get(cu_seqlens, None, lambda: _check_cu_seqlens_values(cu_seqlens))
+    if info.bounds[-1] != total:
+        raise ValueError(f"cu_seqlens[-1]={info.bounds[-1]} must equal the packed token count {total} (q.shape[0])")
     return info
 
 
-def _check_tensors(q, k, v, rank, layout):
+def check_tensors(q, k, v, rank, layout):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != rank:
             raise ValueError(f"{name} must be a {rank}-D tensor {layout}, got shape {getattr(t, 'shape', None)}")
@@ -84,7 +73,7 @@ def _check_tensors(q, k, v, rank, layout):
         raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv}) for GQA")
 
 
-def _check_sinks(sinks, hq, device):
+def check_sinks(sinks, hq, device):
     if sinks is None:
         raise ValueError("sinks is None: sink attention needs one sink logit per query head, a [Hq] tensor")
     if not isinstance(sinks, torch.Tensor) or sinks.shape != (hq,):
@@ -138,8 +127,8 @@ def check_sink_attention_inputs(
     """
     rank = 3 if cu_seqlens is not None else 4
     layout = "[total, H, D] with cu_seqlens" if rank == 3 else "[B, T, H, D]"
-    _check_tensors(q, k, v, rank, layout)
-    _check_sinks(sinks, q.shape[-2], q.device)
+    check_tensors(q, k, v, rank, layout)
+    check_sinks(sinks, q.shape[-2], q.device)
     check_window(window)
     check_scale(scale)
     if rank == 4:
@@ -170,8 +159,8 @@ def check_sink_attention_inputs(
 def check_cross_lengths(q, k, v, sinks, cu_seqlens, max_seqlen, cu_seqlens_k, max_seqlen_k, window):
     """Packed queries ``[total_q, Hq, D]`` over longer packed key documents ``[total_k, Hkv, D]``: the same
     number of documents, each with at least as many keys as queries (its queries are its last positions)."""
-    _check_tensors(q, k, v, 3, "[total, H, D] with cu_seqlens")
-    _check_sinks(sinks, q.shape[-2], q.device)
+    check_tensors(q, k, v, 3, "[total, H, D] with cu_seqlens")
+    check_sinks(sinks, q.shape[-2], q.device)
     check_window(window)
     for name, cu in (("cu_seqlens", cu_seqlens), ("cu_seqlens_k", cu_seqlens_k)):
         if cu.device != q.device:

@@ -8,6 +8,7 @@ for its name; we reuse the flash-attention one, which yields None or a 2-D keep-
 from __future__ import annotations
 
 import logging
+import warnings
 
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface
@@ -15,6 +16,7 @@ from transformers.masking_utils import flash_attention_mask
 from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 
 from gptoss_kernels import sink_attention, sink_attention_intervals
+from trl_gptoss import FA3_SINK
 from trl_gptoss.attention.layout import (
     PackedLayout,
     allowed_keys,
@@ -26,7 +28,17 @@ from trl_gptoss.attention.layout import (
 
 logger = logging.getLogger(__name__)
 
-FA3_SINK_NAME = "fa3_sink"
+
+def __getattr__(name):
+    """``FA3_SINK_NAME``: the old name of ``trl_gptoss.FA3_SINK``, kept for one release."""
+    if name == "FA3_SINK_NAME":
+        warnings.warn(
+            "trl_gptoss.attention.FA3_SINK_NAME is deprecated; use trl_gptoss.FA3_SINK",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return FA3_SINK
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _sinks_for(s_aux, num_heads, device):
@@ -175,7 +187,7 @@ def _warn_output_attentions():
         )
 
 
-def register_fa3_sink(name: str = FA3_SINK_NAME) -> None:
+def register_fa3_sink(name: str = FA3_SINK) -> None:
     """Register ``name`` globally in ``AttentionInterface`` and ``AttentionMaskInterface`` (idempotent)."""
     AttentionInterface.register(name, fa3_sink_attention_forward)
     AttentionMaskInterface.register(name, flash_attention_mask)

@@ -13,17 +13,20 @@ is read from ``position_ids`` only when there is no padding mask; a 2-D padding 
 - Any other mask (holes, or decoding ``Tq < Tk``): the batched layout with a key-validity mask.
 
 Every layout is computed once per tensor (layers share the same ``position_ids`` / mask object) and cached,
-so only the first layer of a step reads anything back from the device.
+so only the first layer of a step reads anything back from the device (under ``torch.inference_mode`` each
+later layer compares the small keying tensor with a copy instead; see ``gptoss_kernels.tensor_cache``).
+Layouts are built outside inference mode, so a layout first built under ``torch.inference_mode`` is also
+usable by a training forward that passes the same tensor (inference tensors cannot be saved for backward).
 """
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 
 import torch
 
 from gptoss_kernels import row_intervals
+from gptoss_kernels.tensor_cache import TensorCache
 
 
 def document_starts(position_ids: torch.Tensor) -> torch.Tensor:
@@ -57,24 +60,12 @@ def allowed_keys(batch, q_len, k_len, window=None, key_mask=None, doc_ids=None) 
     return allowed
 
 
-class _PerTensorCache:
-    """A few results keyed by a tensor's identity and version (tensors compare elementwise, so no dict keys)."""
-
-    def __init__(self, size=8):
-        self.size, self.entries = size, []
-
-    def get(self, tensor, extra, build):
-        for ref, version, key, value in self.entries:
-            if ref() is tensor and version == tensor._version and key == extra:
-                return value
-        value = build()
-        self.entries = [(weakref.ref(tensor), tensor._version, extra, value), *self.entries[: self.size - 1]]
-        return value
-
-
-_POSITIONS_CACHE = _PerTensorCache()
-_MASK_CACHE = _PerTensorCache()
-_CU_CACHE = _PerTensorCache()
+# Keyed by the tensor object and its values (TensorCache: a write in place, inference tensors included, or a
+# new tensor of the same shape is a miss).
+_POSITIONS_CACHE = TensorCache()
+_MASK_CACHE = TensorCache()
+_CU_CACHE = TensorCache()
+_CU_K_CACHE = TensorCache()
 
 
 @dataclass
@@ -112,8 +103,9 @@ class SpanLayout:
                         his.append(b * self.seqlen + end - 1)
             self._pad[window] = None
             if rows:
-                index = torch.tensor(rows, dtype=torch.int64, device=device)
-                self._pad[window] = (index, row_intervals(los, his, device))
+                with torch.inference_mode(False):  # usable by training forwards too (see the module docstring)
+                    index = torch.tensor(rows, dtype=torch.int64, device=device)
+                    self._pad[window] = (index, row_intervals(los, his, device))
         return self._pad[window]
 
 
@@ -169,13 +161,8 @@ def span_layout(attention_mask: torch.Tensor) -> SpanLayout | None:
     return _MASK_CACHE.get(attention_mask, None, lambda: _build_spans(attention_mask))
 
 
-def _build_from_cu(cu_seq_lens_q, cu_seq_lens_k, max_length_q, seqlen, device):
+def _build_from_cu(cu_seq_lens_q, max_length_q, seqlen, device):
     bounds = tuple(cu_seq_lens_q.tolist())
-    if cu_seq_lens_k is not None and tuple(cu_seq_lens_k.tolist()) != bounds:
-        raise ValueError(
-            "cu_seq_lens_q and cu_seq_lens_k differ; fa3_sink needs the same documents for queries "
-            "and keys (self-attention over packed documents)"
-        )
     if bounds[-1] != seqlen:
         raise ValueError(f"cu_seq_lens_q[-1]={bounds[-1]} must equal the packed length {seqlen}")
     longest = max((b - a for a, b in zip(bounds[:-1], bounds[1:])), default=0)
@@ -187,8 +174,17 @@ def _build_from_cu(cu_seq_lens_q, cu_seq_lens_k, max_length_q, seqlen, device):
 
 
 def layout_from_cu_seqlens(cu_seq_lens_q, cu_seq_lens_k, max_length_q, seqlen, device) -> PackedLayout:
-    """The packed layout handed over by TRL's padding-free collator (``cu_seq_lens_q/k`` kwargs, B == 1)."""
-    key = (seqlen, max_length_q, str(device), id(cu_seq_lens_k))
-    return _CU_CACHE.get(
-        cu_seq_lens_q, key, lambda: _build_from_cu(cu_seq_lens_q, cu_seq_lens_k, max_length_q, seqlen, device)
+    """The packed layout handed over by TRL's padding-free collator (``cu_seq_lens_q/k`` kwargs, B == 1).
+    Cached per ``cu_seq_lens_q`` tensor; ``cu_seq_lens_k`` (when another tensor) is checked against it."""
+    layout = _CU_CACHE.get(
+        cu_seq_lens_q,
+        (seqlen, max_length_q, str(device)),
+        lambda: _build_from_cu(cu_seq_lens_q, max_length_q, seqlen, device),
     )
+    other_k = cu_seq_lens_k is not None and cu_seq_lens_k is not cu_seq_lens_q
+    if other_k and _CU_K_CACHE.get(cu_seq_lens_k, None, lambda: tuple(cu_seq_lens_k.tolist())) != layout.bounds:
+        raise ValueError(
+            "cu_seq_lens_q and cu_seq_lens_k differ; fa3_sink needs the same documents for queries "
+            "and keys (self-attention over packed documents)"
+        )
+    return layout

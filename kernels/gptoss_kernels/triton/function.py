@@ -7,6 +7,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
+from gptoss_kernels.autocast import autocast_inputs, without_autocast
 from gptoss_kernels.triton.launchers import INTERPRETED, launch_config, sink_attention_bwd, sink_attention_fwd
 from gptoss_kernels.validation import check_cross_lengths, check_sink_attention_inputs, triton_unsupported
 
@@ -15,6 +16,7 @@ class SinkAttentionTritonFunction(torch.autograd.Function):
     """Saves the inputs, ``o`` and the sink-inclusive ``lse``; the backward recomputes probabilities."""
 
     @staticmethod
+    @without_autocast
     def forward(ctx, q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_sizes, cu_seqlens_k, max_seqlen_k):
         o, lse = sink_attention_fwd(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, block_sizes, cu_seqlens_k)
         ctx.save_for_backward(q, k, v, sinks, o, lse, cu_seqlens, cu_seqlens_k)
@@ -23,6 +25,7 @@ class SinkAttentionTritonFunction(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable  # the backward kernels are not differentiable themselves: fail loudly on double backward
+    @without_autocast
     def backward(ctx, do):
         q, k, v, sinks, o, lse, cu_seqlens, cu_seqlens_k = ctx.saved_tensors
         max_seqlen, window, scale, block_sizes, max_seqlen_k = ctx.launch_args
@@ -87,8 +90,10 @@ def sink_attention_triton(
             default picked per pass from the device (``launchers.launch_config``).
 
     Returns:
-        ``o``: ``[total, Hq, D]`` in q's dtype. Differentiable in q, k, v and sinks.
+        ``o``: ``[total, Hq, D]`` in q's dtype (under ``torch.autocast`` q, k, v run in the autocast dtype,
+        see ``gptoss_kernels.autocast``). Differentiable in q, k, v and sinks.
     """
+    q, k, v = autocast_inputs(q, k, v)
     _check_triton_call(q, k, v, sinks, cu_seqlens, max_seqlen, window, scale, cu_seqlens_k, max_seqlen_k)
     if block_sizes is not None:
         launch_config(q.device.type, q.shape[-1], backward=False, block_sizes=block_sizes)  # validates them
