@@ -2,6 +2,7 @@
 
 import logging
 import os
+import re
 
 import pytest
 import torch
@@ -191,3 +192,38 @@ def test_fa4_matches_reference_on_sm90():
     assert (out.double() - ref).abs().max().item() <= 2e-2
     out.sum().backward()
     assert sinks.grad is not None and torch.isfinite(sinks.grad).all()
+
+
+def test_backend_table_is_the_one_dispatch_rule(monkeypatch):
+    """``BACKENDS`` is ``auto`` plus the table's rows; a forced row runs exactly when its ``supports`` says
+    so and otherwise raises with that row's own reason; ``auto`` names the refusal that sent it on."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert ("auto", *attention.BACKEND_TABLE) == gptoss_kernels.BACKENDS
+    assert attention.AUTO_ORDER[-1] == "chunked", "the last auto row must run every call"
+    q, k, v, sinks = _qkv()
+    call = attention.AttentionCall(q, k, v, sinks, None, None, None, None, None, None, True)
+    for name, row in attention.BACKEND_TABLE.items():
+        why_not = row.supports(call)
+        if why_not is None:
+            assert select_backend(q, k, None, None, backend=name) == (name, "requested")
+        else:
+            with pytest.raises(ValueError, match=re.escape(f"backend='{name}' cannot run this case: {why_not}")):
+                select_backend(q, k, None, None, backend=name)
+    triton_refusal = attention.BACKEND_TABLE["triton"].supports(call._replace(forced=False))
+    assert select_backend(q, k, None, None) == ("chunked", f"auto: {triton_refusal}")
+
+
+def test_dispatcher_uses_no_private_function_of_another_module():
+    """The table's rows call the backends' public runners only (STYLE.md 13)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(attention))
+    private = [
+        f"{node.module}.{alias.name}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+        if alias.name.startswith("_")
+    ]
+    assert private == [], f"attention.py imports private names: {private}"

@@ -368,3 +368,16 @@ def test_kernels_compile_to_cubin_for_cuda(args, tmp_path):
 def test_gpt_oss_shape_bf16_on_gpu(window):
     """64 q heads / 8 kv heads, d 64, two documents totalling 4096 tokens, bf16, default CUDA block sizes."""
     _check_low_precision(Case((3000, 1096), 64, 8, d=64, window=window, blocks=None), torch.bfloat16, "cuda")
+
+
+def test_every_kernel_is_launched_by_keyword():
+    """``kernel[grid](Q=q, stride_qt=..., ...)``: no positional argument can shift when a kernel's parameters
+    change (STYLE.md 13)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(launchers))
+    launches = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Subscript)]
+    assert len(launches) == 4, "forward, preprocess, dQ and dK/dV launches"
+    for call in launches:
+        assert not call.args, f"positional arguments in the launch at line {call.lineno}"
