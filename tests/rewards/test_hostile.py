@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.rewards.hostile import ALL_CONSTRAINTS, CRASHES_AND_STALLS
+from tests.rewards.hostile import ALL_CONSTRAINTS, CRASHES_AND_STALLS, FALSE_POSITIVES
 from trl_gptoss.rewards import (
     MAX_ANSWER_CHARS,
     answers_match,
@@ -52,6 +52,13 @@ def test_every_reward_scores_every_hostile_completion(completion):
     _score_everything(completion)
 
 
+@pytest.mark.parametrize("completion, truth", FALSE_POSITIVES.values(), ids=FALSE_POSITIVES.keys())
+def test_no_reward_for_a_completion_that_does_not_state_the_truth(completion, truth):
+    assert retool_reward([completion], answer=[truth]) == [-1.0]
+    assert gsm8k_reward([completion], answer=[f"#### {truth}"]) == [0.0]
+    assert verifyif_reward([completion], constraints=[ALL_CONSTRAINTS])[0] is not None
+
+
 @pytest.mark.parametrize(
     "completion, truth, expected",
     [
@@ -67,6 +74,8 @@ def test_every_reward_scores_every_hostile_completion(completion):
         ("\\boxed{123456789.0001}", "123456789", -1.0),
         ("\\boxed{0.3333333}", "1/3", 1.0),  # a decimal may approximate a non-terminating value
         ("\\boxed{333333333}", "1000000000/3", -1.0),  # ... but an integer may not
+        ("\\boxed{333333.5}", "1000001/3", -1.0),  # ... nor a decimal that is not its rounding
+        ("\\boxed{333333.7}", "1000001/3", 1.0),
         ("\\boxed{1170 is wrong}", "1170", -1.0),  # trailing text is not a unit
         ("\\boxed{1170 cm}", "1170", 1.0),
         ("\\boxed{3 or 4}", "4", -1.0),  # a list of guesses is not one answer
@@ -180,6 +189,19 @@ _PIECES = [
     "\r\n",
     "!",
     "?",
+    "x",
+    "\\pi",
+    "\\Pi",
+    "_",
+    "|",
+    "\\{",
+    "\\left(",
+    "\\right)",
+    "\\sin",
+    " not",
+    "<|channel|>analysis<|message|>",
+    "<|start|>assistant",
+    "\ud800",
 ]
 _RUN = st.tuples(st.sampled_from(_PIECES), st.integers(1, 3000)).map(lambda pair: pair[0] * pair[1])
 _COMPLETION = st.lists(st.one_of(_RUN, st.text(max_size=50)), max_size=12).map(lambda parts: "".join(parts)[:100_000])
