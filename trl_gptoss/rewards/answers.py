@@ -97,16 +97,26 @@ def _box_at(text: str, index: int) -> tuple[str | None, int]:
 
 
 def _unbox(content: str) -> str:
-    """``\\boxed{\\boxed{4}}`` states ``4``: strip boxes that wrap the whole content."""
-    for _ in range(MAX_ANSWER_CHARS):
-        match = _BOX.match(content)
-        if not match:
+    """``\\boxed{\\boxed{4}}`` states ``4``: strip the boxes that wrap the whole content. One pass pairs
+    the braces, so peeling many layers stays linear."""
+    closing, stack = {}, []
+    for i, ch in enumerate(content):
+        if ch == "{":
+            stack.append(i)
+        elif ch == "}" and stack:
+            closing[stack.pop()] = i
+    start, end = 0, len(content)
+    while match := _BOX.match(content, start, end):
+        gap = content[match.end() : match.end() + _BOX_GAP]
+        brace = match.end() + len(gap) - len(gap.lstrip(" \t"))
+        if closing.get(brace) != end - 1:
             break
-        inner, end = _box_at(content, match.end())
-        if inner is None or end != len(content):
-            break
-        content = inner
-    return content
+        start, end = brace + 1, end - 1
+        while start < end and content[start].isspace():
+            start += 1
+        while end > start and content[end - 1].isspace():
+            end -= 1
+    return content[start:end]
 
 
 def boxed_answers(text: str) -> list[str] | None:
