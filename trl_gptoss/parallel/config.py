@@ -15,12 +15,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
+from trl_gptoss import FA3_SINK
+
 ENV_PREFIX = "TRL_GPTOSS_SP_"
 
 # Inner attentions that honour GPT-OSS sinks. "eager" is the GPT-OSS module's own eager attention (it reads
 # ``module.sinks``); "fa3_sink" is this package's kernel (it reads ``s_aux``). sdpa/flash/flex variants of
 # transformers either ignore ``s_aux`` or cannot take a sliced one, so they are refused.
-SINK_AWARE_INNER_ATTENTIONS = ("eager", "fa3_sink")
+SINK_AWARE_INNER_ATTENTIONS = ("eager", FA3_SINK)
 
 
 @dataclass

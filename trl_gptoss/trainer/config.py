@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
+from trl_gptoss import FA3_SINK
 from trl_gptoss.trainer import fields as check
 from trl_gptoss.trainer.correction import CorrectionPreset, CorrectionThresholds, preset_from_trl
 from trl_gptoss.trainer.refused import refused_parent_fields
@@ -129,7 +130,7 @@ class GptOssGRPOConfig(GRPOConfig):
         },
     )
     attn_implementation: str = field(
-        default="fa3_sink",
+        default=FA3_SINK,
         metadata={"help": "Attention used for training log-probs; 'fa3_sink' honours GPT-OSS sinks exactly."},
     )
     experts_implementation: str = field(
