@@ -102,11 +102,21 @@ class VLLMServerEngine:
             self._local.session = requests.Session()
         return self._local.session
 
-    def request(self, method: str, path: str, payload: dict | None = None, *, timeout: float | None = None):
-        """One JSON call with retries; returns the decoded body (``None`` when empty)."""
+    def request(
+        self,
+        method: str,
+        path: str,
+        payload: dict | None = None,
+        *,
+        timeout: float | None = None,
+        retries: int | None = None,
+    ):
+        """One JSON call with retries (``retries``, default ``max_retries``; 0 for calls that must not be
+        repeated, e.g. one coupled to an NCCL broadcast); returns the decoded body (``None`` when empty)."""
         url = f"{self.base_url}{path}"
         last_error = None
-        for attempt in range(self.max_retries + 1):
+        attempts = (self.max_retries if retries is None else retries) + 1
+        for attempt in range(attempts):
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
             try:
@@ -123,7 +133,7 @@ class VLLMServerEngine:
             if response.status_code >= 400:
                 _raise_client_error(url, response)
             return response.json() if response.content else None
-        raise VLLMServerError(f"vLLM server at {url} failed after {self.max_retries + 1} attempts: {last_error}")
+        raise VLLMServerError(f"vLLM server at {url} failed after {attempts} attempt(s): {last_error}")
 
     def health(self) -> bool:
         """``True`` when ``/health`` answers 200 within ``connect_timeout`` (no retries)."""
@@ -164,13 +174,21 @@ class VLLMServerEngine:
     async def generate(self, request: GenerationRequest) -> Generation:
         return await asyncio.get_running_loop().run_in_executor(self._pool, self.generate_sync, request)
 
-    def push_weights(self, model) -> None:
-        """Make the server sample from ``model``'s current parameters (every tensor; see ``weight_sync_vllm``)."""
+    def pusher(self):
+        """This server's weight pusher (HTTP on CPU, NCCL on GPU), built on first use (it reads the served
+        layout and, on GPU, joins the server's transfer group)."""
         from trl_gptoss.rollout.weight_sync_vllm import weight_pusher_for
 
         if self._weight_sync is None:
             self._weight_sync = weight_pusher_for(self)
-        self._weight_sync.push(model)
+        return self._weight_sync
+
+    def push_weights(self, model) -> None:
+        """Make the server sample from ``model``'s current parameters (every tensor; see ``weight_sync_vllm``).
+        Collective under ``torch.distributed``: every rank calls it, rank 0 sends."""
+        from trl_gptoss.rollout.weight_sync_vllm import push_model
+
+        push_model(lambda: [self.pusher()], model)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

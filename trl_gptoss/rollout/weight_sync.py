@@ -1,15 +1,16 @@
-"""The trainer side of a weight push: which tensors leave the model, under which names, in which groups.
+"""Naming and grouping rules of a weight push: checkpoint names, decoder-layer keys, the in-process copy.
 
-Every engine's ``push_weights`` reads the model through ``pushed_tensors``, so the in-process copy, the
-CPU HTTP push and the GPU NCCL push agree on names (checkpoint names: ``model.layers.0.self_attn.q_proj.weight``),
-on PEFT handling (adapters merged for the push, unmerged afterwards) and on grouping (one decoder layer at a
-time, so no second full copy of a 20B model is ever built).
+Every pusher reads the model through ``trl_gptoss.rollout.push.push_tensors`` (FSDP2 shards gathered, PEFT
+adapters merged into the gathered copy), so the in-process copy, the CPU HTTP push and the GPU NCCL push
+agree on names (checkpoint names: ``model.layers.0.self_attn.q_proj.weight``) and on grouping (one decoder
+layer at a time, so no second full copy of a 20B model is ever built).
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -25,23 +26,6 @@ def unwrap(model):
     while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
         model = model.module
     return model
-
-
-def _is_peft(model) -> bool:
-    return hasattr(model, "merge_adapter") and hasattr(model, "unmerge_adapter") and hasattr(model, "peft_config")
-
-
-@contextlib.contextmanager
-def _merged(model):
-    """PEFT models: adapters merged into the base weights inside the block, unmerged after (even on error)."""
-    if not _is_peft(model):
-        yield
-        return
-    model.merge_adapter()
-    try:
-        yield
-    finally:
-        model.unmerge_adapter()
 
 
 def checkpoint_name(name: str) -> str | None:
@@ -62,21 +46,16 @@ def layer_key(name: str) -> str:
 
 @contextlib.contextmanager
 def pushed_tensors(model) -> Iterator[Iterator[tuple[str, torch.Tensor]]]:
-    """Yield an iterator of ``(checkpoint_name, tensor)`` for every parameter of ``model`` (detached views).
+    """Deprecated: use ``trl_gptoss.rollout.push_tensors(model)`` (merges adapters into copies, never into the
+    model; gathers FSDP2 shards). Yields an iterator of ``(checkpoint_name, tensor)`` in this process."""
+    warnings.warn(
+        "trl_gptoss.rollout.weight_sync.pushed_tensors is deprecated; use trl_gptoss.rollout.push_tensors",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    from trl_gptoss.rollout.push import push_tensors
 
-    PEFT adapters are merged for as long as the block is open. Tied weights appear once (``state_dict``
-    semantics drop the duplicates ``named_parameters`` already removes).
-    """
-    model = unwrap(model)
-    with _merged(model), torch.no_grad():
-
-        def tensors():
-            for name, param in model.named_parameters():
-                target = checkpoint_name(name)
-                if target is not None:
-                    yield target, param.detach()
-
-        yield tensors()
+    yield push_tensors(model, to_rank=None)
 
 
 def grouped_by_layer(named: Iterator[tuple[str, torch.Tensor]]) -> Iterator[list[tuple[str, torch.Tensor]]]:
@@ -94,23 +73,29 @@ def grouped_by_layer(named: Iterator[tuple[str, torch.Tensor]]) -> Iterator[list
 
 
 def copy_weights_into(target: torch.nn.Module, source) -> None:
-    """Copy ``source``'s parameters into ``target`` (same architecture); names and shapes must match."""
+    """Copy ``source``'s weights (``push_tensors``: adapters merged, shards gathered) into ``target`` (same
+    architecture, every process its own copy); names and shapes must match, checked before anything is copied.
+    Collective when ``source`` is sharded: every rank calls it."""
+    from trl_gptoss.rollout.push import push_layers, pushed_layout
+
     params = dict(unwrap(target).named_parameters())
-    seen = set()
-    with pushed_tensors(source) as named, torch.no_grad():
-        for name, tensor in named:
-            if name not in params:
-                raise ValueError(f"weight push: parameter {name!r} does not exist in the engine's model")
-            if params[name].shape != tensor.shape:
-                raise ValueError(
-                    f"weight push: parameter {name!r} has shape {tuple(tensor.shape)} but the "
-                    f"engine's model expects {tuple(params[name].shape)}"
-                )
-            params[name].copy_(tensor)
-            seen.add(name)
-    missing = sorted(set(params) - seen)
+    pushed = pushed_layout(source)
+    for name, shape in pushed.items():
+        if name not in params:
+            raise ValueError(f"weight push: parameter {name!r} does not exist in the engine's model")
+        if list(params[name].shape) != shape:
+            raise ValueError(
+                f"weight push: parameter {name!r} has shape {tuple(shape)} but the "
+                f"engine's model expects {tuple(params[name].shape)}"
+            )
+    missing = sorted(set(params) - set(pushed))
     if missing:
         raise ValueError(
             f"weight push: the pushed model has no parameter {missing[0]!r} "
             f"({len(missing)} engine parameters were not pushed)"
         )
+    with torch.no_grad():
+        for layer in push_layers(source, to_rank=None):
+            for name, tensor in layer:
+                params[name].copy_(tensor)
+            del layer

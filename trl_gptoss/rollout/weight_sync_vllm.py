@@ -1,15 +1,22 @@
-"""Push a trainer model's weights into a running vLLM server, every parameter, one decoder layer at a time.
+"""Push a trainer model's weights into running vLLM servers, every parameter, one decoder layer at a time.
 
-The server side is the worker extension ``vllm_worker/gptoss_vllm_worker.py`` (started by ``VLLMServer``):
+``push_model(make_pushers, model)`` is the one driver: every rank calls it; the pushing rank builds one pusher
+per server and feeds each the layers ``push_layers`` yields; the other ranks only take part in the gathers.
+A failure on the pushing rank still walks the remaining gathers (so no rank hangs in a collective), then every
+rank raises. The server side is the worker extension ``vllm_worker/gptoss_vllm_worker.py``:
+
 - CPU (``HTTPWeightPusher``): each layer's tensors are written as one safetensors file in shared memory
   (``/dev/shm``; base64 in the request body when the server is not on this host) and applied by
-  ``/collective_rpc`` -> ``gptoss_load_weights``.
-- GPU (``NCCLWeightPusher``): non-sink, non-expert tensors go through vLLM's own weight-transfer endpoints
-  (``/start_weight_update``, ``/update_weights`` + packed NCCL broadcast, ``/finish_weight_update``; the path
-  TRL's ``VLLMClient`` takes); that reload drops sinks and experts exactly as on CPU, so those follow over the
-  same NCCL group into ``gptoss_receive_direct_nccl``.
-Both end with ``/reset_prefix_cache``: cached KV blocks were computed with the old weights.
-Before anything is sent, names and shapes are checked against the served checkpoint.
+  ``/collective_rpc`` -> ``gptoss_load_weights``; every worker's answer lists the names it applied.
+- GPU (``NCCLWeightPusher``): generation paused (``/pause?mode=wait``); ONE reload session for the whole
+  model (``/start_weight_update``, one ``/update_weights`` + packed NCCL broadcast per layer,
+  ``/finish_weight_update``), then one direct pass for the sinks and experts that reload drops
+  (``gptoss_receive_direct_nccl``), then ``/resume``. Calls coupled to a broadcast are never retried (a
+  retry would wait for a broadcast that already happened); a failed one tears the transfer group down.
+
+Every push ends with ``/reset_prefix_cache`` (checked: it answers ``success: false`` while requests hold
+blocks): cached KV blocks were computed with the old weights. Names and shapes are checked against each
+served checkpoint before anything is sent.
 """
 
 from __future__ import annotations
@@ -19,46 +26,56 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from urllib.parse import urlparse
 
 import torch
+import torch.distributed as dist
 from safetensors.torch import save, save_file
+
+from trl_gptoss.rollout.push import PushStats, push_layers, pushed_layout
 
 # the worker-side module imports only torch/safetensors at import time: the one rule for what reload drops
 from trl_gptoss.rollout.vllm_worker.gptoss_vllm_worker import loads_directly
-from trl_gptoss.rollout.weight_sync import checkpoint_name, grouped_by_layer, pushed_tensors, unwrap
 
 _LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
+PASSES = {"all": None, "reload": lambda n: not loads_directly(n), "direct": loads_directly}
 
 
-def collective_rpc(engine, method: str, *args: str, timeout: float = 600.0) -> list:
+def collective_rpc(engine, method: str, *args: str, timeout: float = 600.0, retries: int | None = None) -> list:
     """Call an extension method on every vLLM worker; returns one result per worker."""
-    answer = engine.request("POST", "/collective_rpc", {"method": method, "args": list(args)}, timeout=timeout)
-    return answer["results"]
+    payload = {"method": method, "args": list(args)}
+    return engine.request("POST", "/collective_rpc", payload, timeout=timeout, retries=retries)["results"]
 
 
-def check_layout(model, served: dict[str, list[int]]) -> None:
+def check_layout(pushed: dict[str, list[int]], served: dict[str, list[int]], where: str = "the server") -> None:
     """Refuse a push whose names or shapes differ from the served checkpoint; the error names the parameter."""
-    pushed = {}
-    for name, param in unwrap(model).named_parameters():
-        target = checkpoint_name(name)
-        if target is not None:
-            pushed[target] = list(param.shape)
     for name, shape in pushed.items():
         if name not in served:
-            raise ValueError(f"weight push: parameter {name!r} does not exist in the served checkpoint")
-        if served[name] != shape:
-            raise ValueError(f"weight push: parameter {name!r} has shape {shape} but the server expects {served[name]}")
+            raise ValueError(f"weight push: parameter {name!r} does not exist in the checkpoint {where} serves")
+        if list(served[name]) != list(shape):
+            raise ValueError(f"weight push: parameter {name!r} has shape {shape} but {where} expects {served[name]}")
     missing = sorted(set(served) - set(pushed))
     if missing:
         raise ValueError(
-            f"weight push: the served checkpoint has {missing[0]!r} which the pushed model lacks "
-            f"({len(missing)} missing)"
+            f"weight push: {where} serves {missing[0]!r} which the pushed model lacks ({len(missing)} missing)"
+        )
+
+
+def reset_prefix_cache(engine) -> None:
+    """Drop KV blocks computed with the old weights; an error when the server refuses (blocks still held)."""
+    answer = engine.request("POST", "/reset_prefix_cache")
+    if isinstance(answer, dict) and answer.get("success") is False:
+        raise RuntimeError(
+            f"vLLM server at {engine.base_url} refused /reset_prefix_cache (requests still hold KV blocks): its "
+            "cache would mix old-weight blocks into new samples; push only while no request is in flight"
         )
 
 
 class HTTPWeightPusher:
     """CPU push over ``/collective_rpc`` (see the module docstring). ``last_push`` holds bytes and seconds."""
+
+    passes = ("all",)
 
     def __init__(self, engine, info: dict):
         self.engine = engine
@@ -67,24 +84,32 @@ class HTTPWeightPusher:
         self.shared_dir = ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()) if local else None
         self.last_push: dict = {}
 
-    def push(self, model) -> None:
-        check_layout(model, self.layout)
-        started, sent = time.perf_counter(), 0
-        server_seconds = {"read": 0.0, "reload": 0.0, "direct": 0.0}
-        with pushed_tensors(model) as named:
-            for group in grouped_by_layer(named):
-                tensors = {n: t.detach().to("cpu", self.dtype).contiguous() for n, t in group}
-                sent += sum(t.numel() * t.element_size() for t in tensors.values())
-                for key, value in self._apply(tensors).items():
-                    server_seconds[key] += value
-        self.engine.request("POST", "/reset_prefix_cache")
-        seconds = time.perf_counter() - started
+    def begin(self, layout: dict[str, list[int]]) -> None:
+        check_layout(layout, self.layout, self.engine.base_url)
+        self._started, self._sent = time.perf_counter(), 0
+        self._server_seconds = {"read": 0.0, "reload": 0.0, "direct": 0.0}
+
+    def send(self, pass_name: str, group: list[tuple[str, torch.Tensor]]) -> None:
+        tensors = {n: t.detach().to("cpu", self.dtype).contiguous() for n, t in group}
+        self._sent += sum(t.numel() * t.element_size() for t in tensors.values())
+        for key, value in self._apply(tensors).items():
+            self._server_seconds[key] += value
+
+    def end_pass(self, pass_name: str) -> None:
+        pass
+
+    def finish(self) -> None:
+        reset_prefix_cache(self.engine)
+        seconds = time.perf_counter() - self._started
         self.last_push = {
-            "bytes": sent,
+            "bytes": self._sent,
             "seconds": seconds,
-            "gb_per_s": sent / 1e9 / seconds,
-            "server_seconds": server_seconds,
+            "gb_per_s": self._sent / 1e9 / seconds,
+            "server_seconds": self._server_seconds,
         }
+
+    def abort(self) -> None:
+        pass
 
     def _apply(self, tensors: dict[str, torch.Tensor]) -> dict[str, float]:
         """Send one group; returns the first worker's time split (read / reload / direct load + repack)."""
@@ -102,102 +127,87 @@ class HTTPWeightPusher:
         for result in results:
             applied = set(result["reloaded"]) | set(result["direct"])
             if applied != set(tensors):
-                raise RuntimeError(f"vLLM worker applied {sorted(applied)} but was sent {sorted(tensors)}")
+                raise RuntimeError(
+                    f"vLLM worker at {self.engine.base_url} applied {sorted(applied)} but was sent {sorted(tensors)}"
+                )
         return results[0]["seconds"]
 
     def close(self) -> None:
         pass
 
 
-class NCCLWeightPusher:
-    """GPU push through vLLM's NCCL weight-transfer engine (``--weight-transfer-config {"backend":"nccl"}``).
-
-    The trainer process joins the workers' NCCL group as rank 0 (``init_weight_transfer_engine``); only one
-    process (the main one) may push. Untested here (no GPU); see docs/rollouts.md.
-    """
-
-    def __init__(self, engine, info: dict, group_port: int = 51216, device: int | str = 0):
-        from vllm.distributed.weight_transfer.nccl_common import trainer_init
-        from vllm.utils.network_utils import get_ip
-
-        self.engine = engine
-        self.layout = info["layout"]
-        world_size = engine.request("GET", "/get_world_size")["world_size"] + 1
-        init_info = {
-            "master_address": get_ip(),
-            "master_port": group_port,
-            "rank_offset": 1,
-            "world_size": world_size,
-            "packed": True,
-        }
-        torch.cuda.set_device(torch.device("cuda", device) if isinstance(device, int) else torch.device(device))
-        # the server blocks in the rendezvous while answering, so its request runs beside ours
-        self.communicator = self._concurrently(
-            lambda: engine.request("POST", "/init_weight_transfer_engine", {"init_info": init_info}),
-            lambda: trainer_init(init_info),
-        )
-        self.last_push: dict = {}
-
-    @staticmethod
-    def _concurrently(server_call, trainer_call):
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            future = pool.submit(server_call)
-            result = trainer_call()
-            future.result()
-        return result
-
-    def _broadcast(self, server_call, named: list[tuple[str, torch.Tensor]]) -> None:
-        from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
-
-        self._concurrently(
-            server_call,
-            lambda: packed_nccl_broadcast_producer(
-                iterator=iter(named), group=self.communicator, src=0, post_iter_func=lambda item: item[1]
-            ),
-        )
-
-    def push(self, model) -> None:
-        check_layout(model, self.layout)
-        started, sent = time.perf_counter(), 0
-        with pushed_tensors(model) as named:
-            for group in grouped_by_layer(named):
-                group = [(n, t.detach().cuda().contiguous()) for n, t in group]
-                sent += sum(t.numel() * t.element_size() for _, t in group)
-                via_reload = [(n, t) for n, t in group if not loads_directly(n)]
-                direct = [(n, t) for n, t in group if loads_directly(n)]
-                if via_reload:
-                    self.engine.request("POST", "/start_weight_update", {})
-                    self._broadcast(
-                        lambda g=via_reload: self.engine.request(
-                            "POST", "/update_weights", {"update_info": _update_info(g)}
-                        ),
-                        via_reload,
-                    )
-                    self.engine.request("POST", "/finish_weight_update", {})
-                if direct:
-                    self._broadcast(
-                        lambda g=direct: collective_rpc(
-                            self.engine, "gptoss_receive_direct_nccl", json.dumps(_update_info(g))
-                        ),
-                        direct,
-                    )
-        self.engine.request("POST", "/reset_prefix_cache")
-        seconds = time.perf_counter() - started
-        self.last_push = {"bytes": sent, "seconds": seconds, "gb_per_s": sent / 1e9 / seconds}
-
-    def close(self) -> None:
-        self.engine.request("POST", "/shutdown_weight_transfer_engine", {})
-        self.communicator = None
+def _plan(make_pushers, to_rank: int) -> tuple[list, dict]:
+    """On ``to_rank``: the pushers and the plan every rank needs to gather the same tensors in the same dtype
+    (``{"passes": [...], "dtype": "bfloat16"}`` or ``{"error": ...}``), shared with the other ranks."""
+    distributed = dist.is_available() and dist.is_initialized()
+    pushers, plan = [], None
+    if not distributed or dist.get_rank() == to_rank:
+        try:
+            pushers = list(make_pushers())
+            kinds = {tuple(p.passes) for p in pushers}
+            if len(kinds) != 1:
+                raise ValueError("weight push: all servers must use the same transport (all CPU or all NCCL)")
+            plan = {"passes": list(kinds.pop()), "dtype": str(pushers[0].dtype).removeprefix("torch.")}
+        except Exception as exc:
+            plan = {"error": f"{type(exc).__name__}: {exc}"}
+            if not distributed:
+                raise
+            _share(plan, to_rank)
+            raise
+    return pushers, (_share(plan, to_rank) if distributed else plan)
 
 
-def _update_info(named) -> dict:
-    return {
-        "names": [n for n, _ in named],
-        "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in named],
-        "shapes": [list(t.shape) for _, t in named],
-    }
+def _share(obj, src: int):
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def push_model(make_pushers: Callable[[], list], model, *, to_rank: int = 0, stats: PushStats | None = None):
+    """Collective weight push: every rank calls it with the same model. ``make_pushers()`` runs on ``to_rank``
+    only (one pusher per server); each pusher gets every layer of every pass. Returns the pushers (empty on
+    the other ranks). Raises on every rank when the pushing rank failed, after all gathers completed."""
+    pushers, plan = _plan(make_pushers, to_rank)
+    if "error" in plan:
+        raise RuntimeError(f"weight push: rank {to_rank} could not reach the rollout servers: {plan['error']}")
+    layout, dtype = pushed_layout(model), getattr(torch, plan["dtype"])
+    error = _each(pushers, lambda p: p.begin(layout))
+    if _failed_anywhere(error, to_rank):  # refused before anything was sent (names, shapes, a dead server)
+        _raise(pushers, error, to_rank)
+    for pass_name in plan["passes"]:
+        for layer in push_layers(model, dtype=dtype, to_rank=to_rank, select=PASSES[pass_name], stats=stats):
+            if error is None:
+                error = _each(pushers, lambda p, layer=layer, name=pass_name: p.send(name, layer))
+            del layer  # before the next layer is gathered
+        if error is None:
+            error = _each(pushers, lambda p, name=pass_name: p.end_pass(name))
+    if error is None:
+        error = _each(pushers, lambda p: p.finish())
+    if _failed_anywhere(error, to_rank):  # every gather is done: no rank is left inside a collective
+        _raise(pushers, error, to_rank)
+    return pushers
+
+
+def _failed_anywhere(error, to_rank: int) -> bool:
+    distributed = dist.is_available() and dist.is_initialized()
+    return _share(error is not None, to_rank) if distributed else error is not None
+
+
+def _raise(pushers, error, to_rank: int):
+    for pusher in pushers:
+        pusher.abort()
+    if error is not None:
+        raise error
+    raise RuntimeError(f"weight push failed on rank {to_rank}; its log has the error")
+
+
+def _each(pushers, call) -> BaseException | None:
+    for pusher in pushers:
+        try:
+            call(pusher)
+        except Exception as exc:  # noqa: BLE001 (re-raised by push_model once every rank is done)
+            return exc
+    return None
 
 
 def weight_pusher_for(engine):
@@ -208,5 +218,15 @@ def weight_pusher_for(engine):
     """
     (info,) = collective_rpc(engine, "gptoss_checkpoint_layout")[:1]
     if info.get("weight_transfer_backend") == "nccl" and torch.cuda.is_available():
+        from trl_gptoss.rollout.weight_sync_nccl import NCCLWeightPusher
+
         return NCCLWeightPusher(engine, info)
     return HTTPWeightPusher(engine, info)
+
+
+def __getattr__(name):
+    if name == "NCCLWeightPusher":  # lives in weight_sync_nccl; importable from here as before
+        from trl_gptoss.rollout.weight_sync_nccl import NCCLWeightPusher
+
+        return NCCLWeightPusher
+    raise AttributeError(name)

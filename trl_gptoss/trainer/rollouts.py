@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import tempfile
 import urllib.request
 from pathlib import Path
@@ -45,23 +46,44 @@ def rollout_config(args, step: int, process_index: int, system=None) -> RolloutC
     )
 
 
-def check_server(base_url: str, timeout: float = 10.0) -> None:
-    """Raise at construction when ``base_url`` does not answer ``GET /health`` with 200."""
-    try:
-        with urllib.request.urlopen(f"{base_url.rstrip('/')}/health", timeout=timeout) as response:
-            if response.status == 200:
-                return
-            status = response.status
-    except OSError as exc:
-        status = exc
-    raise ValueError(
-        f"rollout_server_url={base_url!r} does not answer GET /health ({status}); start the server "
-        "(`vllm serve ...`) or set rollout_server_url=None to start one"
-    )
+def check_server(base_url, timeout: float = 10.0) -> None:
+    """Raise at construction when a rollout server does not answer ``GET /health`` with 200. ``base_url``: one
+    URL, a comma-separated string or a list; the error names the entry that failed."""
+    from trl_gptoss.rollout.multi_server import server_urls
+
+    for url in server_urls(base_url):
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=timeout) as response:
+                if response.status == 200:
+                    continue
+                status = response.status
+        except OSError as exc:
+            status = exc
+        raise ValueError(
+            f"rollout_server_url entry {url!r} does not answer GET /health ({status}); start the server "
+            "(`trl-gptoss vllm-serve ...`), drop it from the list, or set rollout_server_url=None to start one"
+        )
+
+
+def refuse_zero3(args, model) -> None:
+    """The weight push gathers FSDP2 shards, not DeepSpeed ZeRO-3 partitions: refuse ZeRO-3 at construction
+    (a push would send empty shards) and say what to use instead."""
+    from trl_gptoss.rollout.push import ZERO3_MESSAGE, pushed_layout
+
+    ds_config = getattr(args, "hf_deepspeed_config", None)
+    zero3 = bool(ds_config is not None and getattr(ds_config, "is_zero3", lambda: False)())
+    zero3 = zero3 or os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3"
+    if zero3:
+        raise ValueError(f"rollout_backend={args.rollout_backend!r} with DeepSpeed ZeRO-3: {ZERO3_MESSAGE}")
+    pushed_layout(model)  # raises, naming the parameter, when parameters are already ZeRO-3 partitions
 
 
 class RolloutBackend:
-    """The engine a trainer samples from, plus the server it started (if any), stopped by ``close``."""
+    """The engine a trainer samples from, plus the server it started (if any), stopped by ``close``.
+
+    ``push(model)`` gives the engine the model's current weights; it is collective (every rank calls it with
+    its own, possibly sharded, model; rank 0 sends to every server).
+    """
 
     def __init__(self, args, model, tokenizer):
         self.server = None
@@ -71,28 +93,33 @@ class RolloutBackend:
 
             self.engine = TransformersEngine(model, tokenizer)
         else:
+            refuse_zero3(args, model)
             self.engine = self._server_engine(args, model, tokenizer)
 
+    def push(self, model) -> None:
+        """Collective weight push: call on EVERY rank (FSDP2 shards are gathered with collectives)."""
+        self.engine.push_weights(model)
+
     def _server_engine(self, args, model, tokenizer):
+        from trl_gptoss.rollout.multi_server import MultiServerEngine, server_urls
         from trl_gptoss.rollout.vllm_engine import VLLMServerEngine
 
         url = args.rollout_server_url
         if url is None:
             url = self._start_server(args, model, tokenizer)
         check_server(url)
-        return VLLMServerEngine(url)
+        urls = server_urls(url)
+        return VLLMServerEngine(urls[0]) if len(urls) == 1 else MultiServerEngine(urls)
 
     def _start_server(self, args, model, tokenizer) -> str:
-        """Save the model (adapters merged) and serve it with ``vllm serve``; its weights are replaced by a
-        push before every rollout anyway, the checkpoint only fixes architecture and tokenizer."""
+        """Save a merged COPY of the model (``push_tensors``: adapters merged into gathered copies, the trained
+        model untouched, one layer in memory at a time) and serve it with ``vllm serve``; its weights are
+        replaced by a push before every rollout anyway. Collective under FSDP2: every rank calls it."""
         from trl_gptoss.rollout.server import VLLMServer
-        from trl_gptoss.rollout.weight_sync import unwrap
 
         self._tmp = tempfile.TemporaryDirectory(prefix="trl-gptoss-rollout-")
         path = Path(self._tmp.name)
-        base = unwrap(model)
-        base = base.merge_and_unload() if hasattr(base, "merge_and_unload") else base
-        base.save_pretrained(path, safe_serialization=True)
+        save_merged_checkpoint(model, path)
         tokenizer.save_pretrained(path)
         self.server = VLLMServer(
             path, max_model_len=args.rollout_max_model_len, startup_timeout=args.rollout_server_timeout
@@ -113,6 +140,31 @@ class RolloutBackend:
             with contextlib.suppress(OSError):
                 self._tmp.cleanup()
             self._tmp = None
+
+
+def save_merged_checkpoint(model, path: Path) -> None:
+    """Write ``model`` as a transformers checkpoint at ``path``: its config and one safetensors file per
+    ``push_layers`` group (adapters merged into copies, one layer in memory) plus the index. Collective under
+    FSDP2; every calling rank writes its own copy."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from trl_gptoss.rollout.push import push_layers
+    from trl_gptoss.rollout.weight_sync import unwrap
+
+    base = unwrap(model)
+    base = base.get_base_model() if hasattr(base, "get_base_model") else base
+    weight_map = {}
+    for number, layer in enumerate(push_layers(model, to_rank=None), start=1):
+        name = f"model-{number:05d}.safetensors"
+        save_file({n: t.contiguous() for n, t in layer}, str(path / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys((n for n, _ in layer), name))
+        del layer
+    base.config.save_pretrained(path)
+    if getattr(base, "generation_config", None) is not None:
+        base.generation_config.save_pretrained(path)
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
 def rollouts_to_trl(rollouts: list[Rollout]) -> dict:

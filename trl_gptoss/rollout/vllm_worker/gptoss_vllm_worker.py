@@ -114,9 +114,26 @@ class GptOssWeightSyncExtension:
 
     def _gptoss_load_direct(self, named: list[tuple[str, torch.Tensor]]) -> list[str]:
         model = self.model_runner.get_model()
+        names = {n for n, _ in named}
         with torch.no_grad():
             model.load_weights(named)
-            return _repack_experts(model, {n for n, _ in named})
+            _refresh_sink_copies(model, names, self.vllm_config.model_config.dtype)
+            return _repack_experts(model, names)
+
+
+def _refresh_sink_copies(model: torch.nn.Module, names: set[str], dtype: torch.dtype) -> list[str]:
+    """Attention backends that keep their own copy of the sinks (FlashInfer: a float32 one) refresh it in
+    ``process_weights_after_loading``, which vLLM runs at load and at the end of a reload, i.e. BEFORE these
+    direct sink writes: re-run it for the layers whose sinks were just written (a no-op on backends that
+    read the parameter)."""
+    refreshed = []
+    for layer in sorted({m.group(1) for n in names if (m := _LAYER_RE.match(n)) and n.endswith(".self_attn.sinks")}):
+        for module_name, module in model.get_submodule(f"{layer}.self_attn").named_modules():
+            impl = getattr(module, "impl", None)
+            if impl is not None and hasattr(impl, "process_weights_after_loading"):
+                impl.process_weights_after_loading(dtype)
+                refreshed.append(f"{layer}.self_attn.{module_name}".rstrip("."))
+    return refreshed
 
 
 def _repack_experts(model: torch.nn.Module, names: set[str]) -> list[str]:

@@ -1,0 +1,144 @@
+"""Several vLLM servers behind one ``RolloutEngine``: conversations spread, weight pushes reach every server.
+
+Routing: a request that continues a conversation (its prompt starts with an earlier request's prompt plus
+that request's sampled tokens) goes to the server that sampled it, so the server's prefix cache holds the
+conversation; any other request goes to the server with the fewest requests in flight (ties in turn). A
+push goes to every server, each verified on its own (names and shapes before, applied names after), and
+forgets the routes: the servers' prefix caches are reset by the push anyway.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+from trl_gptoss.rollout.types import Generation, GenerationRequest
+from trl_gptoss.rollout.vllm_engine import VLLMServerEngine, VLLMServerError
+
+
+class PrefixRouter:
+    """Pick a server per request: the one that sampled the conversation so far, else the least loaded.
+
+    ``route(prompt_ids)`` returns a server index and counts the request in flight there; ``done(index,
+    continued_ids)`` uncounts it and remembers ``continued_ids`` (prompt + sampled tokens) as that server's.
+    At most ``max_entries`` conversations are remembered (the oldest are forgotten first).
+    """
+
+    def __init__(self, num_servers: int, max_entries: int = 65536):
+        if num_servers < 1:
+            raise ValueError(f"PrefixRouter needs at least one server, got {num_servers}")
+        self.in_flight = [0] * num_servers
+        self.max_entries = max_entries
+        self._turn = 0
+        self._entries: dict[tuple[int, ...], int] = {}  # insertion order = age
+        self._lengths: Counter[int] = Counter()
+        self._lock = threading.Lock()
+
+    def route(self, prompt_ids) -> int:
+        with self._lock:
+            index = self._continued(prompt_ids)
+            if index is None:
+                least = min(self.in_flight)
+                candidates = [i for i, load in enumerate(self.in_flight) if load == least]
+                index = candidates[self._turn % len(candidates)]
+                self._turn += 1
+            self.in_flight[index] += 1
+            return index
+
+    def done(self, index: int, continued_ids=None) -> None:
+        with self._lock:
+            self.in_flight[index] -= 1
+            if continued_ids:
+                key = tuple(continued_ids)
+                if key not in self._entries:
+                    self._lengths[len(key)] += 1
+                self._entries[key] = index
+                while len(self._entries) > self.max_entries:
+                    oldest = next(iter(self._entries))
+                    del self._entries[oldest]
+                    self._forget_length(len(oldest))
+
+    def forget(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._lengths.clear()
+
+    def _continued(self, prompt_ids) -> int | None:
+        """The server of the longest remembered prefix of ``prompt_ids`` (forgotten: the next turn re-adds)."""
+        for length in sorted((n for n in self._lengths if n <= len(prompt_ids)), reverse=True):
+            index = self._entries.pop(tuple(prompt_ids[:length]), None)
+            if index is not None:
+                self._forget_length(length)
+                return index
+        return None
+
+    def _forget_length(self, length: int) -> None:
+        self._lengths[length] -= 1
+        if not self._lengths[length]:
+            del self._lengths[length]
+
+
+def server_urls(urls) -> list[str]:
+    """``rollout_server_url`` as a list: one URL, a comma-separated string, or a list; refuses empty entries
+    and duplicates (one server twice would get every push twice and half of nothing)."""
+    if isinstance(urls, str):
+        urls = [u.strip() for u in urls.split(",")]
+    urls = [str(u).rstrip("/") for u in urls]
+    if not urls or any(not u for u in urls):
+        raise ValueError(f"rollout_server_url has an empty entry: {urls!r}")
+    duplicates = sorted({u for u in urls if urls.count(u) > 1})
+    if duplicates:
+        raise ValueError(f"rollout_server_url lists {duplicates[0]!r} more than once")
+    return urls
+
+
+class MultiServerEngine:
+    """``RolloutEngine`` over several vLLM servers serving the same model (see the module docstring).
+
+    ``urls``: the servers' base URLs (a list, or one comma-separated string); ``model`` and ``engine_kwargs``
+    go to each ``VLLMServerEngine``. A server that does not answer at construction is an error naming it.
+    """
+
+    def __init__(self, urls, model: str | None = None, **engine_kwargs):
+        self.engines: list[VLLMServerEngine] = []
+        try:
+            for url in server_urls(urls):
+                try:
+                    self.engines.append(VLLMServerEngine(url, model, **engine_kwargs))
+                except (VLLMServerError, ValueError) as exc:
+                    raise VLLMServerError(f"rollout server {url} is not usable: {exc}") from exc
+        except BaseException:
+            self.close()
+            raise
+        models = {e.model for e in self.engines}
+        if len(models) != 1:
+            self.close()
+            raise ValueError(f"the rollout servers serve different models: {[e.model for e in self.engines]}")
+        self.model = models.pop()
+        self.max_model_len = min(e.max_model_len for e in self.engines)
+        self.router = PrefixRouter(len(self.engines))
+
+    @property
+    def base_urls(self) -> list[str]:
+        return [e.base_url for e in self.engines]
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        index = self.router.route(request.prompt_ids)
+        generation = None
+        try:
+            generation = await self.engines[index].generate(request)
+            return generation
+        finally:
+            continued = None if generation is None else list(request.prompt_ids) + list(generation.token_ids)
+            self.router.done(index, continued)
+
+    def push_weights(self, model) -> None:
+        """Push ``model`` to every server (collective: every rank calls it, rank 0 sends), each verified."""
+        from trl_gptoss.rollout.weight_sync_vllm import push_model
+
+        push_model(lambda: [e.pusher() for e in self.engines], model)
+        self.router.forget()
+
+    def close(self) -> None:
+        for engine in self.engines:
+            engine.close()
