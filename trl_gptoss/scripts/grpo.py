@@ -2,20 +2,27 @@
 
 ``examples/retool_grpo.py`` and ``trl-gptoss grpo`` run ``main(argv)``; every scale is this job with another
 YAML. ``model_name_or_path: embedded`` is the CPU demo: a tiny GPT-OSS built offline and warm-started
-(``trl_gptoss.demo``), then trained and served by vLLM like any checkpoint. Ctrl-C stops the rollout server and
-leaves the last saved checkpoint as it was.
+(``trl_gptoss.demo``), then trained and served by vLLM like any checkpoint.
+
+Stopping: Ctrl-C and SIGTERM both stop the rollout server and leave the checkpoints saved so far as they were
+(exit status 130 / 143); a SIGKILL leaves the server to its watchdog (``trl_gptoss.rollout.server``). Every
+start sets aside checkpoints cut off during their save (``checkpoint-N.incomplete``) before it resumes, so
+``resume_from_checkpoint: latest`` picks the newest complete one -- or starts afresh when there is none.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import shutil
+import signal
+import threading
 from pathlib import Path
 
 from trl_gptoss.data.tasks import TASKS
 from trl_gptoss.scripts.grpo_arguments import EMBEDDED_MODEL, JobArguments, parse_job_args
-from trl_gptoss.scripts.grpo_checks import check_job
+from trl_gptoss.scripts.grpo_checks import check_job, is_complete_checkpoint
 
 __all__ = [
     "EMBEDDED_MODEL",
@@ -26,6 +33,7 @@ __all__ = [
     "main",
     "parse_job_args",
     "peft_config",
+    "resume_checkpoint",
     "run",
     "set_aside_incomplete_checkpoints",
 ]
@@ -96,16 +104,17 @@ def _model_init_dtype(job: JobArguments, training) -> None:
 
 
 def set_aside_incomplete_checkpoints(output_dir) -> list[Path]:
-    """Rename ``checkpoint-N`` folders without ``trainer_state.json`` to ``checkpoint-N.incomplete``.
+    """Rename ``checkpoint-N`` folders without a readable ``trainer_state.json`` to ``checkpoint-N.incomplete``.
 
     The Trainer writes a checkpoint in place and ``trainer_state.json`` last, so a run stopped during a save
-    leaves a partial ``checkpoint-N``, which ``--resume_from_checkpoint latest`` would pick (and fail to load)
-    as the newest; renamed, it no longer matches ``checkpoint-<digits>`` and the newest complete checkpoint is
-    used. A stale ``checkpoint-N.incomplete`` from an earlier interrupted save of the same step is replaced.
+    (Ctrl-C, SIGTERM, SIGKILL, a crash) leaves a partial ``checkpoint-N``, which ``resume_from_checkpoint``
+    ``latest`` would pick (and fail to load) as the newest; renamed, it no longer matches
+    ``checkpoint-<digits>`` and the newest complete checkpoint is used. A stale ``checkpoint-N.incomplete``
+    from an earlier interrupted save of the same step is replaced.
     """
     moved = []
     for path in sorted(Path(output_dir).glob("checkpoint-*")):
-        if re.fullmatch(r"checkpoint-\d+", path.name) and path.is_dir() and not (path / "trainer_state.json").exists():
+        if re.fullmatch(r"checkpoint-\d+", path.name) and path.is_dir() and not is_complete_checkpoint(path):
             target = path.with_name(f"{path.name}.incomplete")
             if target.exists():  # an earlier interrupted save of the same step: no more use than this one
                 shutil.rmtree(target)
@@ -114,13 +123,68 @@ def set_aside_incomplete_checkpoints(output_dir) -> list[Path]:
     return moved
 
 
+def resume_checkpoint(training) -> str | None:
+    """The checkpoint this start resumes from, after the main process set incomplete ones aside.
+
+    ``resume_from_checkpoint``: ``None`` (start afresh), a ``checkpoint-N`` path (checked by ``check_job``), or
+    ``"latest"``: the newest complete ``checkpoint-N`` in ``output_dir``, ``None`` when there is none (so the
+    same command line starts a run and restarts it after preemption).
+    """
+    from transformers.trainer_utils import get_last_checkpoint
+
+    with training.main_process_first(desc="set incomplete checkpoints aside"):
+        if training.should_save and Path(training.output_dir).is_dir():
+            for path in set_aside_incomplete_checkpoints(training.output_dir):
+                logger.warning("%s was cut off during its save; set aside as %s", path.stem, path.name)
+    resume = training.resume_from_checkpoint
+    if resume != "latest":
+        return resume
+    latest = get_last_checkpoint(training.output_dir) if Path(training.output_dir).is_dir() else None
+    if latest is None:
+        logger.warning("resume_from_checkpoint=latest: no checkpoint in %s yet; starting afresh", training.output_dir)
+    return latest
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so the job stops as on Ctrl-C (``finally`` blocks run)."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """While inside, SIGTERM raises ``Terminated`` in the main thread (once: a second one is ignored while
+    the first unwinds and stops the server). Elsewhere than the main thread, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run(job: JobArguments, training) -> dict:
-    """Train; returns the summary (also printed). The trainer's server is stopped whatever happens."""
+    """Train; returns the summary (also printed). The trainer's server is stopped whatever happens; SIGTERM
+    stops the run as Ctrl-C does, then exits with status 143."""
+    with sigterm_as_interrupt():
+        try:
+            return _train(job, training)
+        except Terminated:
+            raise SystemExit(128 + signal.SIGTERM) from None
+
+
+def _train(job: JobArguments, training) -> dict:
     import trl_gptoss  # noqa: F401  (registers fa3_sink and gptoss_sequential)
     import trl_gptoss.demo.ablation  # noqa: F401  (registers the "sinkless" attention of the ablation)
     from trl_gptoss.scripts.grpo_summary import finish_run
     from trl_gptoss.trainer import GptOssGRPOTrainer
 
+    resume = resume_checkpoint(training)
     tokenizer = _tokenizer(job)
     model = (
         build_embedded_model(job, training, tokenizer)
@@ -138,14 +202,15 @@ def run(job: JobArguments, training) -> dict:
         peft_config=peft_config(job),
     )
     try:
-        resume = training.resume_from_checkpoint  # TrainingArguments' field; "latest" = newest in output_dir
-        trainer.train(resume_from_checkpoint=True if resume == "latest" else resume)
+        trainer.train(resume_from_checkpoint=resume)
         trainer.save_model(training.output_dir)
         return finish_run(trainer, base_model=model, dataset_name=_hub_dataset_name(job), plot=job.plot)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
+        cause = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C"
         print(
-            f"\ninterrupted: the rollout server is being stopped; checkpoints saved so far are in "
-            f"{training.output_dir} (resume with --resume_from_checkpoint latest)"
+            f"\ninterrupted ({cause}): the rollout server is being stopped; checkpoints saved so far are in "
+            f"{training.output_dir} (resume with --resume_from_checkpoint latest)",
+            flush=True,
         )
         if training.should_save:
             for path in set_aside_incomplete_checkpoints(training.output_dir):

@@ -1,0 +1,62 @@
+"""Every start sets checkpoints cut off during their save aside before it resumes; ``latest`` then picks the
+newest complete one, or starts afresh when there is none."""
+
+import json
+
+import pytest
+
+from trl_gptoss.demo.paths import embedded_default_config
+from trl_gptoss.scripts.grpo import parse_job_args, resume_checkpoint, set_aside_incomplete_checkpoints
+
+
+def _checkpoint(root, step, state="complete"):
+    path = root / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    (path / "model.safetensors").write_bytes(b"weights")
+    if state == "complete":
+        (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    elif state == "truncated":  # killed while the state itself was being written
+        (path / "trainer_state.json").write_text('{"global_step": ')
+    return path
+
+
+def _training(out, resume):
+    argv = ["--config", str(embedded_default_config()), "--output_dir", str(out), "--rollout_backend", "transformers"]
+    return parse_job_args([*argv, "--resume_from_checkpoint", resume])[1]
+
+
+def test_latest_skips_checkpoints_cut_off_during_their_save(tmp_path):
+    out = tmp_path / "run"
+    _checkpoint(out, 1)
+    _checkpoint(out, 2, state="missing")
+    _checkpoint(out, 3, state="truncated")
+    (out / "checkpoint-2.incomplete").mkdir()  # a stale one from an earlier interrupted save of step 2
+    assert resume_checkpoint(_training(out, "latest")) == str(out / "checkpoint-1")
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["checkpoint-1", "checkpoint-2.incomplete", "checkpoint-3.incomplete"], names
+    assert (out / "checkpoint-2.incomplete" / "model.safetensors").is_file()  # the newer partial one is kept
+
+
+def test_latest_without_a_complete_checkpoint_is_a_fresh_start(tmp_path):
+    out = tmp_path / "run"
+    assert resume_checkpoint(_training(out, "latest")) is None  # no output_dir yet
+    _checkpoint(out, 4, state="missing")
+    assert resume_checkpoint(_training(out, "latest")) is None
+    assert [p.name for p in out.iterdir()] == ["checkpoint-4.incomplete"]
+
+
+def test_an_explicit_checkpoint_is_used_as_given_and_must_be_whole(tmp_path):
+    out = tmp_path / "run"
+    whole = _checkpoint(out, 5)
+    assert resume_checkpoint(_training(out, str(whole))) == str(whole)
+    partial = _checkpoint(out, 6, state="truncated")
+    with pytest.raises(SystemExit, match="resume_from_checkpoint=.*checkpoint-6' is incomplete"):
+        _training(out, str(partial))
+
+
+def test_only_checkpoint_directories_are_touched(tmp_path):
+    _checkpoint(tmp_path, 7, state="missing")
+    (tmp_path / "checkpoint-notes.txt").write_text("mine")
+    (tmp_path / "checkpoint-8-backup").mkdir()
+    assert set_aside_incomplete_checkpoints(tmp_path) == [tmp_path / "checkpoint-7.incomplete"]
+    assert (tmp_path / "checkpoint-notes.txt").is_file() and (tmp_path / "checkpoint-8-backup").is_dir()
