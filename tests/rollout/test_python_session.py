@@ -109,8 +109,12 @@ def test_functions_python_with_a_json_body_shares_the_session(tok, sandbox):
 @pytest.mark.parametrize("stateful, builtin", SETTINGS, ids=SETTING_IDS)
 def test_deprecated_config_overrides_keep_prompt_and_behaviour_together(tok, sandbox, stateful, builtin):
     """``RolloutConfig.python_stateful/python_builtin`` still work (with a warning) and re-describe the tool."""
-    with pytest.warns(DeprecationWarning, match="python_stateful is deprecated"):
+    with pytest.warns(DeprecationWarning) as caught:
         config = RolloutConfig(python_stateful=stateful, python_builtin=builtin)
+    assert sorted(str(w.message).split(" is deprecated")[0] for w in caught) == [
+        "RolloutConfig.python_builtin",
+        "RolloutConfig.python_stateful",
+    ]
     running = PythonTool(sandbox, stateful=stateful, builtin=builtin)
     prompt = user("Twice.")
     turn = _python_turn if builtin else _function_turn
