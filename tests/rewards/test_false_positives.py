@@ -22,6 +22,8 @@ DIFFERENT = [
     ("1/2x", "\\frac{1}{2}x"),  # ambiguous: 1/(2x) or x/2
     ("x^23", "x^{2}3"),  # LaTeX reads x^23 as x^2 3
     ("1 2\\pi", "12\\pi"),
+    ("2\\frac{1}{2}", "2 \\cdot \\frac{1}{2}"),  # a mixed number (5/2) or a product (1)?
+    ("f(x+1)", "f \\cdot (x+1)"),  # f may be a function
     # case of symbols
     ("\\Pi", "\\pi"),
     ("\\Gamma", "\\gamma"),

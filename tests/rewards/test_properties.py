@@ -96,7 +96,8 @@ def _render(tree, draw) -> str:
         left = f"({left})" if tree[1][0] == "/" and not _wrapped(left) else left
         return f"{left}/{right}"
     if kind == "*":
-        juxtapose = tree[1][0] in ("num", "x", "^") and (right[0].isalpha() or right[0] == "(")
+        # x(...) may be a function applied: only a number or a power juxtaposes with a bracket
+        juxtapose = tree[1][0] in ("num", "x", "^") and (right[0].isalpha() or (right[0] == "(" and tree[1][0] != "x"))
         return left + draw(st.sampled_from([" \\cdot ", "*", " * ", "\\cdot "] + ["", " "] * juxtapose)) + right
     return left + draw(st.sampled_from([kind, f" {kind} "])) + right
 

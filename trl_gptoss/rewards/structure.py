@@ -8,16 +8,17 @@ by precedence into a tree of nested tuples:
 - ``,`` < relations (``= < > ≤ ≥ ≠ :``, ``\\in``, ``\\cup`` ..., at most one per level) < ``+ - ±`` <
   unary sign < ``* × /`` and juxtaposition < ``^``/``_`` < postfix ``! ' % °``;
 - ``\\frac{a}{b}`` is ``a / b``; ``\\cdot``, ``*`` and juxtaposition are one product (``\\times`` stays
-  its own operator); ``( )`` and ``{ }`` around one item only group (``(x+1)`` is ``x+1``), while
-  ``[ ]``, ``\\{ \\}`` and any bracket holding a comma keep their kind (``(1,2]`` is an interval);
+  its own operator), except a name before ``(`` (``f(x)``, ``\\pi(2)``: maybe a function applied);
+- ``( )`` and ``{ }`` around one item only group (``(x+1)`` is ``x+1``), while ``[ ]``, ``\\{ \\}`` and
+  any bracket holding a comma keep their kind (``(1,2]`` is an interval);
 - numbers compare by exact value (``2.50`` = ``2.5``), except a leading-zero run (``000``) keeps its text.
 
 The only equivalences are therefore those of the written grouping and precedence: no simplification, no
 commutativity, so equal values written differently (``\\sqrt{8}`` vs ``2\\sqrt{2}``) do not match -- a
 false negative, never a false positive. Where LaTeX and plain-text readings differ the answer is
 *unreadable* (``None``): ``x^23`` (LaTeX: x^2 3), ``1/2x`` (1/(2x) or x/2?), ``\\sin 2x``, ``a/b/c``,
-``1 2`` (product or thousands?), ``|x|``, two relations in a row. An unreadable answer matches only an
-answer with the same tokens.
+``1 2`` (product or thousands?), ``2\\frac{1}{2}`` (a mixed number?), ``|x|``, two relations in a row.
+An unreadable answer matches only an answer with the same tokens.
 
 Bounds: an answer longer than ``MAX_ANSWER_CHARS`` has no tokens; nesting deeper than ``MAX_DEPTH`` is
 unreadable (the parser recurses once per level, far below Python's limit). Linear in the answer's length.
@@ -205,11 +206,17 @@ class _Parser:
                     raise _Unreadable("a/b/c and 1/2x have two readings")
                 node = ("*" if token == "*" else token, node, right)
             elif self.starts_operand(token):
-                if _is_number(token) and _is_number(self.tokens[self.i - 1]):
-                    raise _Unreadable("two numbers side by side: a product or thousands?")
-                node = ("*", node, self.power())
+                node = self.juxtaposed(node, token, self.tokens[self.i - 1])
             else:
                 return node
+
+    def juxtaposed(self, node: tuple, token: str, previous: str) -> tuple:
+        """``a b``: a product, except ``f(x)``/``\\pi(2)``/``f'(x)`` (maybe an application, so its own node)."""
+        if _is_number(previous) and (_is_number(token) or token == "\\frac"):
+            raise _Unreadable("1 2 and 2\\frac{1}{2}: a product, thousands or a mixed number?")
+        right = self.power()
+        named = previous == "'" or (previous[-1:].isalpha() and (len(previous) == 1 or previous[0] == "\\"))
+        return ("apply" if token == "(" and named else "*", node, right)
 
     def signed_power(self) -> tuple:
         negated = False
