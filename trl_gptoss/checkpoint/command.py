@@ -6,7 +6,15 @@ directory or a hub id (``openai/gpt-oss-20b``); DST a new or empty directory.
 
 from __future__ import annotations
 
+import argparse
 import sys
+
+
+def _positive_gib(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"--max-shard-gib must be > 0, got {text}")
+    return value
 
 
 def _cmd_convert(args) -> int:
@@ -39,6 +47,6 @@ def register(sub) -> None:
     convert.add_argument("dst", metavar="DST", help="new or empty output directory")
     convert.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     convert.add_argument(
-        "--max-shard-gib", type=float, default=5.0, help="largest output shard; bounds the memory used (GiB)"
+        "--max-shard-gib", type=_positive_gib, default=5.0, help="largest output shard; bounds the memory used (GiB)"
     )
     convert.set_defaults(func=_cmd_convert)

@@ -219,6 +219,8 @@ def _load(info: TensorInfo, open_shard) -> torch.Tensor:
 def _write_config(config: dict, dst: Path, dtype_name: str) -> None:
     config = {key: value for key, value in config.items() if key not in ("quantization_config", "torch_dtype")}
     config["dtype"] = dtype_name
+    if not config.get("architectures"):  # vLLM picks its model class from this list
+        config["architectures"] = ["GptOssForCausalLM"]
     (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
