@@ -93,7 +93,7 @@ def test_demonstration_is_token_identical_to_a_rollout_of_the_same_turns(tokeniz
         [prompt],
         tokenizer=tokenizer,
         tools=[PythonTool()],
-        config=RolloutConfig(max_turns=3, python_stateful=False),
+        config=RolloutConfig(max_turns=3),
     )
     assert rollout.stop_reason == "final" and rollout.num_tool_calls == 1 and rollout.num_tool_errors == 0
     assert rollout.prompt_ids == prompt_ids

@@ -136,12 +136,12 @@ class GptOssGRPOTrainer(GRPOTrainer):
     # -- generation -------------------------------------------------------------------------------------
     def _push_weights_if_stale(self) -> None:
         """Before sampling, give the engine the weights of the current optimizer step (also the first rollout
-        after a resume). All processes wait, so none samples from weights being replaced."""
+        after a resume). The push is collective -- every process joins the gathers of sharded (FSDP2) weights,
+        rank 0 sends -- and all processes wait, so none samples from weights being replaced."""
         if self._pushed_step == self.state.global_step:
             return
         with self.timer.phase("weight_push"):
-            if self.accelerator.is_main_process or self.args.rollout_backend == "transformers":
-                self.rollout_backend.engine.push_weights(self.accelerator.unwrap_model(self.model))
+            self.rollout_backend.push(self.accelerator.unwrap_model(self.model))
             self.accelerator.wait_for_everyone()
         self._pushed_step = self.state.global_step
 
