@@ -97,3 +97,51 @@ def test_fsdp2_push_gathers_exact_full_tensors_on_rank0_only(tmp_path, lora):
     one_expert = 128 * 256 * 4
     assert rank0["live_after"] == 0
     assert rank0["peak_bytes"] <= rank0["max_layer_bytes"] + (one_expert if lora else 0), rank0
+
+
+def test_server_checkpoint_is_a_merged_copy_and_the_adapters_keep_training(tmp_path):
+    from transformers import GptOssForCausalLM
+
+    from trl_gptoss.trainer.rollouts import save_merged_checkpoint
+
+    model = lora_model()
+    lora = [n for n, p in model.named_parameters() if "lora_" in n and p.requires_grad]
+    merged = dict(copy.deepcopy(model).merge_and_unload().named_parameters())
+    save_merged_checkpoint(model, tmp_path)
+    saved = GptOssForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    assert [n for n, p in saved.named_parameters() if not torch.equal(p, merged[n])] == []
+    assert [n for n, p in model.named_parameters() if "lora_" in n and p.requires_grad] == lora and len(lora) == 24
+    ids = torch.tensor([[5, 40, 41, 42, 7]])
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert all(model.get_parameter(n).grad is not None for n in lora)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.xdist_group("vllm")
+def test_backend_started_for_a_lora_model_serves_the_merged_copy_and_adapters_stay(tmp_path):
+    from types import SimpleNamespace
+
+    from trl_gptoss.testing import harmony_tokenizer
+    from trl_gptoss.trainer.rollouts import RolloutBackend
+
+    model = lora_model()
+    lora = [n for n, p in model.named_parameters() if "lora_" in n and p.requires_grad]
+    args = SimpleNamespace(
+        rollout_backend="vllm_server", rollout_server_url=None, rollout_max_model_len=256, rollout_server_timeout=900
+    )
+    backend = RolloutBackend(args, model, harmony_tokenizer())
+    try:
+        sequence = [5, 40, 41, 42, 7, 300, 301, 17, 99, 100]
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([sequence])).logits[0, :-1].double()
+        expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(sequence[1:])[:, None]).squeeze(1)
+        served = torch.tensor(backend.engine.score(sequence), dtype=torch.float64)
+        assert (served - expected).abs().max() <= 1e-4  # the server started from the merged copy
+        backend.push(model)
+        assert [n for n, p in model.named_parameters() if "lora_" in n and p.requires_grad] == lora
+        ids = torch.tensor([sequence])
+        model(input_ids=ids, labels=ids).loss.backward()
+        assert all(model.get_parameter(n).grad is not None for n in lora) and len(lora) == 24
+    finally:
+        backend.close()

@@ -110,13 +110,25 @@ class MultiServerEngine:
         except BaseException:
             self.close()
             raise
-        models = {e.model for e in self.engines}
+        self._adopt(self.engines)
+
+    @classmethod
+    def from_engines(cls, engines) -> MultiServerEngine:
+        """Spread over engines that already exist (anything with ``generate``, ``max_model_len`` and, for pushes,
+        ``pusher()``)."""
+        self = cls.__new__(cls)
+        self.engines = list(engines)
+        self._adopt(self.engines)
+        return self
+
+    def _adopt(self, engines) -> None:
+        models = {getattr(e, "model", None) for e in engines}
         if len(models) != 1:
             self.close()
-            raise ValueError(f"the rollout servers serve different models: {[e.model for e in self.engines]}")
+            raise ValueError(f"the rollout servers serve different models: {[e.model for e in engines]}")
         self.model = models.pop()
-        self.max_model_len = min(e.max_model_len for e in self.engines)
-        self.router = PrefixRouter(len(self.engines))
+        self.max_model_len = min(e.max_model_len for e in engines)
+        self.router = PrefixRouter(len(engines))
 
     @property
     def base_urls(self) -> list[str]:
@@ -141,4 +153,6 @@ class MultiServerEngine:
 
     def close(self) -> None:
         for engine in self.engines:
-            engine.close()
+            close = getattr(engine, "close", None)
+            if callable(close):
+                close()

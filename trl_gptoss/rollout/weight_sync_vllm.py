@@ -5,9 +5,10 @@ per server and feeds each the layers ``push_layers`` yields; the other ranks onl
 A failure on the pushing rank still walks the remaining gathers (so no rank hangs in a collective), then every
 rank raises. The server side is the worker extension ``vllm_worker/gptoss_vllm_worker.py``:
 
-- CPU (``HTTPWeightPusher``): each layer's tensors are written as one safetensors file in shared memory
-  (``/dev/shm``; base64 in the request body when the server is not on this host) and applied by
-  ``/collective_rpc`` -> ``gptoss_load_weights``; every worker's answer lists the names it applied.
+- CPU (``HTTPWeightPusher``): generation paused (``/pause?mode=wait``) until the push ends; each layer's
+  tensors are written as one safetensors file in shared memory (``/dev/shm``; base64 in the request body when
+  the server is not on this host) and applied by ``/collective_rpc`` -> ``gptoss_load_weights`` (one vLLM
+  reload per layer); every worker's answer lists the names it applied.
 - GPU (``NCCLWeightPusher``): generation paused (``/pause?mode=wait``); ONE reload session for the whole
   model (``/start_weight_update``, one ``/update_weights`` + packed NCCL broadcast per layer,
   ``/finish_weight_update``), then one direct pass for the sinks and experts that reload drops
@@ -88,6 +89,8 @@ class HTTPWeightPusher:
         check_layout(layout, self.layout, self.engine.base_url)
         self._started, self._sent = time.perf_counter(), 0
         self._server_seconds = {"read": 0.0, "reload": 0.0, "direct": 0.0}
+        self.engine.request("POST", "/pause?mode=wait")  # requests in flight finish on the old weights first
+        self._paused = True
 
     def send(self, pass_name: str, group: list[tuple[str, torch.Tensor]]) -> None:
         tensors = {n: t.detach().to("cpu", self.dtype).contiguous() for n, t in group}
@@ -100,6 +103,7 @@ class HTTPWeightPusher:
 
     def finish(self) -> None:
         reset_prefix_cache(self.engine)
+        self.abort()  # resume generation
         seconds = time.perf_counter() - self._started
         self.last_push = {
             "bytes": self._sent,
@@ -109,7 +113,9 @@ class HTTPWeightPusher:
         }
 
     def abort(self) -> None:
-        pass
+        if getattr(self, "_paused", False):
+            self._paused = False
+            self.engine.request("POST", "/resume")
 
     def _apply(self, tensors: dict[str, torch.Tensor]) -> dict[str, float]:
         """Send one group; returns the first worker's time split (read / reload / direct load + repack)."""

@@ -114,20 +114,37 @@ class RolloutBackend:
     def _start_server(self, args, model, tokenizer) -> str:
         """Save a merged COPY of the model (``push_tensors``: adapters merged into gathered copies, the trained
         model untouched, one layer in memory at a time) and serve it with ``vllm serve``; its weights are
-        replaced by a push before every rollout anyway. Collective under FSDP2: every rank calls it."""
+        replaced by a push before every rollout anyway. Collective under ``torch.distributed``: every rank
+        calls it, rank 0 writes the checkpoint and starts the one server, every rank gets its URL."""
+        import torch.distributed as dist
+
         from trl_gptoss.rollout.server import VLLMServer
 
-        self._tmp = tempfile.TemporaryDirectory(prefix="trl-gptoss-rollout-")
-        path = Path(self._tmp.name)
+        distributed = dist.is_available() and dist.is_initialized()
+        main = not distributed or dist.get_rank() == 0
+        self._tmp = tempfile.TemporaryDirectory(prefix="trl-gptoss-rollout-") if main else None
+        path = Path(self._tmp.name) if main else None
         save_merged_checkpoint(model, path)
-        tokenizer.save_pretrained(path)
-        self.server = VLLMServer(
-            path, max_model_len=args.rollout_max_model_len, startup_timeout=args.rollout_server_timeout
-        )
-        self.server.start()
-        atexit.register(self.close)  # a server this process started never outlives it
-        logger.info("started a vLLM rollout server at %s", self.server.base_url)
-        return self.server.base_url
+        url = None
+        if main:
+            tokenizer.save_pretrained(path)
+            self.server = VLLMServer(
+                path, max_model_len=args.rollout_max_model_len, startup_timeout=args.rollout_server_timeout
+            )
+            try:
+                self.server.start()
+                url = self.server.base_url
+            finally:
+                atexit.register(self.close)  # a server this process started never outlives it
+                if distributed:  # the other ranks wait for the URL (None: the start failed)
+                    dist.broadcast_object_list([url], src=0)
+            logger.info("started a vLLM rollout server at %s", url)
+            return url
+        box = [None]
+        dist.broadcast_object_list(box, src=0)
+        if box[0] is None:
+            raise RuntimeError("rank 0 could not start the vLLM rollout server; its log has the error")
+        return box[0]
 
     def close(self) -> None:
         close_engine = getattr(self.engine, "close", None)
@@ -142,10 +159,11 @@ class RolloutBackend:
             self._tmp = None
 
 
-def save_merged_checkpoint(model, path: Path) -> None:
+def save_merged_checkpoint(model, path: Path | None) -> None:
     """Write ``model`` as a transformers checkpoint at ``path``: its config and one safetensors file per
     ``push_layers`` group (adapters merged into copies, one layer in memory) plus the index. Collective under
-    FSDP2; every calling rank writes its own copy."""
+    ``torch.distributed`` (every rank calls it; rank 0, whose ``path`` is set, writes)."""
+    import copy
     import json
 
     from safetensors.torch import save_file
@@ -153,15 +171,19 @@ def save_merged_checkpoint(model, path: Path) -> None:
     from trl_gptoss.rollout.push import push_layers
     from trl_gptoss.rollout.weight_sync import unwrap
 
-    base = unwrap(model)
-    base = base.get_base_model() if hasattr(base, "get_base_model") else base
     weight_map = {}
-    for number, layer in enumerate(push_layers(model, to_rank=None), start=1):
+    for number, layer in enumerate(push_layers(model, to_rank=0), start=1):
         name = f"model-{number:05d}.safetensors"
         save_file({n: t.contiguous() for n, t in layer}, str(path / name), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys((n for n, _ in layer), name))
         del layer
-    base.config.save_pretrained(path)
+    if path is None:
+        return
+    base = unwrap(model)
+    base = base.get_base_model() if hasattr(base, "get_base_model") else base
+    config = copy.deepcopy(base.config)
+    config.architectures = [type(base).__name__]  # what vLLM picks the model class (and its tasks) by
+    config.save_pretrained(path)
     if getattr(base, "generation_config", None) is not None:
         base.generation_config.save_pretrained(path)
     (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))

@@ -128,11 +128,12 @@ def _refresh_sink_copies(model: torch.nn.Module, names: set[str], dtype: torch.d
     read the parameter)."""
     refreshed = []
     for layer in sorted({m.group(1) for n in names if (m := _LAYER_RE.match(n)) and n.endswith(".self_attn.sinks")}):
-        for module_name, module in model.get_submodule(f"{layer}.self_attn").named_modules():
+        # vLLM names the attention block ``attn`` (checkpoint: ``self_attn``): find its backend by the ``impl``
+        for module_name, module in model.get_submodule(layer).named_modules():
             impl = getattr(module, "impl", None)
             if impl is not None and hasattr(impl, "process_weights_after_loading"):
                 impl.process_weights_after_loading(dtype)
-                refreshed.append(f"{layer}.self_attn.{module_name}".rstrip("."))
+                refreshed.append(f"{layer}.{module_name}")
     return refreshed
 
 
