@@ -4,11 +4,18 @@ Each request keeps its own sampling parameters and its own random stream (a per-
 seeded from ``request.seed``), so a seeded request samples the same tokens alone or in any batch. Tokens are
 drawn from ``processed_logprobs`` (temperature, top-k, top-p) and the log-prob of each drawn token under
 that same distribution is returned: what the trainer recomputes.
+
+A model whose parameters are FSDP2 shards (``DTensor``) is never decoded directly: every forward of a sharded
+model all-gathers each layer, and ranks decode different numbers of steps (each conversation stops when it
+stops, tool turns differ), so their collectives would pair up out of order -- a hang on NCCL, a size-mismatch
+abort on gloo. The engine instead samples from an unsharded replica that ``push_weights`` fills (a collective
+every rank joins at the same point), and decoding does no collectives at all.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
 from dataclasses import dataclass, field
 
@@ -71,9 +78,14 @@ class TransformersEngine:
         return await future
 
     def push_weights(self, model) -> None:
-        """Make this engine sample from ``model``: nothing to do when it is the engine's own model."""
+        """Make this engine sample from ``model``: nothing to do when it is the engine's own unsharded model.
+        When ``model`` is FSDP2-sharded the engine decodes a replica built on the first push; the copy gathers
+        the shards, so under FSDP2 every rank calls this at the same point of its program."""
         if unwrap(model) is unwrap(self.model):  # also through DDP/accelerate wrappers
-            return
+            if not is_sharded(model):
+                return
+            with self._model_lock:
+                self.model = unsharded_replica(model)
         with self._model_lock:
             copy_weights_into(self.model, model)
 
@@ -148,6 +160,31 @@ class TransformersEngine:
             input_ids = tokens[:, None]
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(rows), 1)], dim=1)
             position_ids = position_ids[:, -1:] + 1
+
+
+def is_sharded(model) -> bool:
+    """Whether any parameter of ``model`` is a ``DTensor`` (FSDP2 shard): its forward is collective."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in unwrap(model).parameters())
+
+
+def unsharded_replica(model) -> torch.nn.Module:
+    """A plain model of ``model``'s architecture (its PEFT base model's, adapters are merged by the push) on
+    the device and dtype of its local shards, in eval mode; the weights are filled by ``copy_weights_into``."""
+    from transformers import AutoModelForCausalLM
+
+    base = unwrap(model)
+    base = base.get_base_model() if hasattr(base, "get_base_model") else base
+    local = next(getattr(p, "to_local", lambda p=p: p)() for p in base.parameters())
+    config = copy.deepcopy(base.config)
+    kwargs = {"attn_implementation": config._attn_implementation}
+    experts = getattr(config, "_experts_implementation", None)
+    if experts is not None:
+        kwargs["experts_implementation"] = experts
+    with torch.device(local.device):
+        replica = AutoModelForCausalLM.from_config(config, dtype=local.dtype, **kwargs)
+    return replica.eval().requires_grad_(False)
 
 
 def _left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:

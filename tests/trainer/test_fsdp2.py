@@ -1,0 +1,81 @@
+"""GptOssGRPOTrainer under FSDP2 on two gloo processes: accelerate's own FSDP2 preparation (made to run on the
+CPU by ``trl_gptoss.testing.fsdp_cpu``, see docs/testing.md), the in-process engine, real ``add`` tool calls.
+
+Ranks sample different numbers of tokens and turns; decoding a sharded model would pair their per-layer
+all-gathers out of order, so the engine samples from an unsharded replica filled by the (collective) push.
+"""
+
+import pytest
+import torch
+
+from tests.parallel._harness import launch
+from tests.trainer._fsdp2_workers import engine_rank, train_rank
+
+pytestmark = pytest.mark.distributed
+
+BUDGETS = [3, 9]  # new tokens sampled by rank 0 and rank 1
+
+
+def _unsharded_generation(prompt: list[int], max_new_tokens: int, seed: int):
+    from trl_gptoss.rollout.transformers_engine import TransformersEngine
+    from trl_gptoss.rollout.types import GenerationRequest
+    from trl_gptoss.testing import tiny_gpt_oss
+
+    engine = TransformersEngine(tiny_gpt_oss(seed=0))
+    (generation,) = engine.generate_batch([GenerationRequest(prompt, max_new_tokens=max_new_tokens, seed=seed)])
+    return generation
+
+
+def test_engine_samples_a_sharded_model_like_the_unsharded_one(tmp_path):
+    results = launch(engine_rank, 2, tmp_path / "run", BUDGETS, False, timeout=300)
+    for rank, result in enumerate(results):
+        reference = _unsharded_generation(result["prompt"], BUDGETS[rank], seed=rank)
+        assert result["token_ids"] == reference.token_ids, rank
+        diff = (torch.tensor(result["logprobs"]) - torch.tensor(reference.logprobs)).abs().max().item()
+        assert diff <= 1e-6, f"rank {rank}: max |delta logprob| {diff} vs the unsharded model"
+
+
+@pytest.mark.slow
+def test_decoding_the_sharded_model_itself_blocks_when_ranks_sample_different_lengths(tmp_path):
+    """Why the replica exists: rank 0 stops after 3 forwards and enters the next collective while rank 1 is
+    still all-gathering layers for its 4th; the collectives never match (the 10 s group timeout ends it)."""
+    with pytest.raises(RuntimeError, match="Timed out|mismatch|Connection reset|Connection closed"):
+        launch(engine_rank, 2, tmp_path / "run", BUDGETS, True, timeout=240)
+
+
+@pytest.fixture(scope="module")
+def taught_state(taught, tmp_path_factory):
+    path = tmp_path_factory.mktemp("taught") / "taught.pt"
+    torch.save(taught[0], path)
+    return str(path)
+
+
+def _run(layout: str, state_path: str, tmp_path, **overrides) -> list[dict]:
+    if layout == "single":
+        return [train_rank(0, 1, layout, state_path, str(tmp_path / layout / "out"), overrides)]
+    run = tmp_path / layout
+    return launch(train_rank, 2, run, layout, state_path, str(run / "out"), overrides, timeout=600)
+
+
+SGD = {"optim": "sgd", "learning_rate": 0.05}  # Adam would amplify last-bit gradient differences into samples
+
+
+@pytest.mark.slow
+def test_fsdp2_steps_equal_ddp_and_single_process_steps(taught_state, tmp_path):
+    fsdp2 = _run("fsdp2", taught_state, tmp_path, **SGD)
+    ddp = _run("ddp", taught_state, tmp_path, **SGD)
+    single = _run("single", taught_state, tmp_path, **SGD)
+    assert [r["distributed_type"] for r in fsdp2] == ["DistributedType.FSDP"] * 2 and fsdp2[0]["fsdp2"]
+    assert [r["distributed_type"] for r in ddp] == ["DistributedType.MULTI_CPU"] * 2
+    lengths = [[len(ids) for ids, _ in step] for step in fsdp2[0]["sampled"]]
+    other = [[len(ids) for ids, _ in step] for step in fsdp2[1]["sampled"]]
+    assert lengths != other, "the ranks sampled equally long completions: the hang case is not exercised"
+    assert sum(calls for step in fsdp2[0]["sampled"] + fsdp2[1]["sampled"] for _, calls in step) > 0
+    for step in range(3):  # the same completions on every layout: generation under FSDP2 is the plain model's
+        both_ranks = fsdp2[0]["sampled"][step] + fsdp2[1]["sampled"][step]
+        assert both_ranks == ddp[0]["sampled"][step] + ddp[1]["sampled"][step] == single[0]["sampled"][step]
+    for name, runs in (("ddp", ddp), ("single", single)):
+        assert fsdp2[0]["loss"] == pytest.approx(runs[0]["loss"], rel=1e-4, abs=1e-7), name
+        assert fsdp2[0]["grad_norm"] == pytest.approx(runs[0]["grad_norm"], rel=1e-5), name
+    assert len(set(fsdp2[0]["loss"])) == 3 and min(fsdp2[0]["grad_norm"]) > 0.1  # real, changing updates
+    assert max(max(r["diff"]) for r in fsdp2) <= 1e-4  # sampler log-probs == trainer log-probs (fp32)
