@@ -79,3 +79,33 @@ def test_fsdp2_steps_equal_ddp_and_single_process_steps(taught_state, tmp_path):
         assert fsdp2[0]["grad_norm"] == pytest.approx(runs[0]["grad_norm"], rel=1e-5), name
     assert len(set(fsdp2[0]["loss"])) == 3 and min(fsdp2[0]["grad_norm"]) > 0.1  # real, changing updates
     assert max(max(r["diff"]) for r in fsdp2) <= 1e-4  # sampler log-probs == trainer log-probs (fp32)
+
+
+@pytest.fixture(scope="module")
+def server(taught):
+    from trl_gptoss.rollout.server import VLLMServer
+
+    with VLLMServer(taught[1], max_model_len=1024) as running:
+        yield running
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.xdist_group("vllm")
+def test_fsdp2_with_a_vllm_server_pushes_every_step_and_equals_ddp(taught_state, tmp_path, server):
+    """Every rank joins the push (FSDP2 shards gathered, rank 0 sends); the server's log-probs of what it
+    sampled equal the trainer's at every step, and the run equals DDP against the same server."""
+    remote = dict(SGD, rollout_backend="vllm_server", rollout_server_url=server.base_url)
+    fsdp2 = _run("fsdp2", taught_state, tmp_path, **remote)
+    ddp = _run("ddp", taught_state, tmp_path, **remote)
+    assert fsdp2[0]["fsdp2"]
+    assert sum(calls for step in fsdp2[0]["sampled"] + fsdp2[1]["sampled"] for _, calls in step) > 0
+    for r in fsdp2:
+        assert len(r["diff"]) == 3 and max(r["diff"]) <= 1e-4, r["diff"]  # after every push, fp32
+    for step in range(3):
+        assert (
+            fsdp2[0]["sampled"][step] + fsdp2[1]["sampled"][step] == ddp[0]["sampled"][step] + ddp[1]["sampled"][step]
+        )
+    assert fsdp2[0]["loss"] == pytest.approx(ddp[0]["loss"], rel=1e-4, abs=1e-7)
+    assert fsdp2[0]["grad_norm"] == pytest.approx(ddp[0]["grad_norm"], rel=1e-5)
+    assert len(set(fsdp2[0]["loss"])) == 3
