@@ -77,3 +77,59 @@ def push_rank(rank: int, world: int, lora: bool) -> dict:
         "max_layer_bytes": stats.max_layer_bytes,
         "held_peak": held_peak,
     }
+
+
+class RecordingPusher:
+    """A pusher that keeps what it is sent (names, and whether each equals the reference) and can fail."""
+
+    passes = ("all",)
+    dtype = torch.float32
+
+    def __init__(self, reference, fail_at_layer=None):
+        self.reference, self.fail_at_layer = reference, fail_at_layer
+        self.layers, self.mismatched, self.aborted = 0, [], False
+
+    def begin(self, layout):
+        assert sorted(layout) == sorted(self.reference)
+
+    def send(self, pass_name, layer):
+        if self.layers == self.fail_at_layer:
+            raise ConnectionError("rollout server went away")
+        self.layers += 1
+        self.mismatched += [n for n, t in layer if not torch.equal(t, self.reference[n])]
+
+    def end_pass(self, pass_name):
+        pass
+
+    def finish(self):
+        pass
+
+    def abort(self):
+        self.aborted = True
+
+
+def push_model_rank(rank: int, world: int, fail_at_layer) -> dict:
+    """Every rank calls ``push_model`` on its FSDP2 shards; rank 0's pusher may fail mid-push."""
+    from trl_gptoss.rollout.weight_sync_vllm import push_model
+
+    model, reference = build(lora=True)
+    model = shard(model)
+    pushers = []
+
+    def make_pushers():
+        pushers.append(RecordingPusher(reference, fail_at_layer))
+        return pushers
+
+    try:
+        push_model(make_pushers, model)
+        error = None
+    except Exception as exc:  # noqa: BLE001 (reported to the test)
+        error = f"{type(exc).__name__}: {exc}"
+    dist.barrier()  # every rank got here: nobody is left inside a collective
+    return {
+        "error": error,
+        "built": len(pushers),
+        "layers": pushers[0].layers if pushers else 0,
+        "mismatched": pushers[0].mismatched if pushers else [],
+        "aborted": pushers[0].aborted if pushers else False,
+    }

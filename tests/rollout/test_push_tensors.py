@@ -145,3 +145,21 @@ def test_backend_started_for_a_lora_model_serves_the_merged_copy_and_adapters_st
         assert all(model.get_parameter(n).grad is not None for n in lora) and len(lora) == 24
     finally:
         backend.close()
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("fail_at_layer", [None, 1], ids=["ok", "rank0-fails-mid-push"])
+def test_push_model_is_collective_and_a_failure_on_rank0_reaches_every_rank(tmp_path, fail_at_layer):
+    from tests.parallel._harness import launch
+
+    from ._push_workers import push_model_rank
+
+    rank0, rank1 = launch(push_model_rank, 2, tmp_path / "run", fail_at_layer, timeout=300)
+    assert rank0["built"] == 1 and rank1["built"] == 0  # only the pushing rank talks to servers
+    if fail_at_layer is None:
+        assert rank0["error"] is rank1["error"] is None
+        assert rank0["layers"] == 4 and rank0["mismatched"] == []
+    else:
+        assert rank0["error"] == "ConnectionError: rollout server went away" and rank0["aborted"]
+        assert rank1["error"] == "RuntimeError: weight push failed on rank 0; its log has the error"
+        assert rank0["layers"] == fail_at_layer
