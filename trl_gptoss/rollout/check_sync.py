@@ -24,7 +24,8 @@ Around the groups: ``as_found`` (the server before anything is pushed vs the che
 ``baseline`` (after pushing the unperturbed model), ``restored`` (after pushing it again at the end; the server
 is left serving the checkpoint) and, when given, ``fresh`` (the restored server vs the log-probs of a server
 freshly started from the checkpoint). Each group's tensors are restored in the model from a host copy
-after its push (peak extra host memory: the largest group, the experts for GPT-OSS).
+after its push (peak extra host memory: the largest group, the experts for GPT-OSS, in bf16 when its values
+are bf16 numbers).
 
 The maximum is over every scored token of every prompt (``prompts``: token-id lists; the first token of each
 has no prefix and is not scored).
@@ -190,13 +191,23 @@ class SyncReport:
         return {**{f: getattr(self, f) for f in fields}, "ok": self.ok, "failed": self.failed, "checks": checks}
 
 
+def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """An exact host copy, in bfloat16 when that holds every value (a bf16 checkpoint trained in fp32): half
+    the host memory for the group being checked."""
+    if tensor.dtype == torch.float32:
+        low = tensor.to(torch.bfloat16)
+        if torch.equal(low.to(torch.float32), tensor):
+            return low.cpu()
+    return tensor.to("cpu", copy=True)
+
+
 def _perturb(params, scale: float, seed: int, dtype: torch.dtype) -> list[torch.Tensor]:
     """Add ``scale * rms(p) * N(0, 1)`` (seeded per name; rounded through ``dtype``, the server's, so both sides
     hold the same values) to each parameter in place; returns host copies of the old values."""
     saved = []
     with torch.no_grad():
         for name, param in params:
-            saved.append(param.detach().to("cpu", copy=True))
+            saved.append(_host_copy(param.detach()))
             rms = float(param.detach().float().pow(2).mean().sqrt()) or 1.0  # 0 for an all-zero bias
             generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
             noise = torch.randn(param.shape, generator=generator).to(param.device)
@@ -209,7 +220,7 @@ def _perturb(params, scale: float, seed: int, dtype: torch.dtype) -> list[torch.
 def _restore(params, saved: list[torch.Tensor]) -> None:
     with torch.no_grad():
         for (_, param), old in zip(params, saved, strict=True):
-            param.copy_(old.to(param.device))
+            param.copy_(old.to(param.device, param.dtype))
 
 
 def _judge(engines, scores, expected, report, kind) -> list[ServerResult]:
