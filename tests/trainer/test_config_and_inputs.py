@@ -128,6 +128,10 @@ def test_server_url_list_is_kept_and_a_string_becomes_one():
     one = GptOssGRPOConfig("out", use_cpu=True, rollout_server_url="http://127.0.0.1:8000")
     two = GptOssGRPOConfig("out", use_cpu=True, rollout_server_url=["http://a:1", "https://b:2/v"])
     assert one.rollout_server_url == ["http://127.0.0.1:8000"] and len(two.rollout_server_url) == 2
+    comma = GptOssGRPOConfig("out", use_cpu=True, rollout_server_url="http://a:1, http://b:2")
+    assert comma.rollout_server_url == ["http://a:1", "http://b:2"]
+    with pytest.raises(ValueError, match="rollout_server_url lists 'http://a:1' more than once"):
+        GptOssGRPOConfig("out", use_cpu=True, rollout_server_url=["http://a:1", "http://a:1/"])
 
 
 @pytest.mark.parametrize(

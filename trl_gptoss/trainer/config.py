@@ -203,9 +203,9 @@ class GptOssGRPOConfig(GRPOConfig):
         import trl_gptoss  # noqa: F401  (registers fa3_sink and gptoss_sequential before the names are checked)
 
         check.one_of("rollout_backend", self.rollout_backend, ROLLOUT_BACKENDS)
-        if isinstance(self.rollout_server_url, str):
-            self.rollout_server_url = [self.rollout_server_url]
         if self.rollout_server_url is not None:
+            from trl_gptoss.rollout.multi_server import server_urls
+
             if self.rollout_backend == "transformers":
                 raise ValueError(
                     "rollout_server_url is set but rollout_backend='transformers' generates in-process; "
@@ -213,6 +213,7 @@ class GptOssGRPOConfig(GRPOConfig):
                 )
             if not self.rollout_server_url:
                 raise ValueError("rollout_server_url is an empty list; give at least one URL or null to start one")
+            self.rollout_server_url = server_urls(self.rollout_server_url)  # one URL, "a,b" or a list; no repeats
             for url in self.rollout_server_url:
                 check.server_url("rollout_server_url", url)
         check.positive_int("rollout_max_model_len", self.rollout_max_model_len, minimum=2)
