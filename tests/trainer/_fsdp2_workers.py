@@ -65,6 +65,25 @@ def _split_like_ranks(trainer, per_rank_rows: int) -> None:
     trainer.rollout_func = rollout
 
 
+class _DieAfterSave:
+    """A ``TrainerCallback`` that ends the process with ``os._exit(137)`` (no cleanup, like a kill) once the
+    checkpoint of step ``step`` is written, leaving ``killed-rank{N}`` in ``output_dir`` as evidence."""
+
+    def __new__(cls, step: int, output_dir: str):
+        from transformers import TrainerCallback
+
+        class DieAfterSave(TrainerCallback):
+            def on_save(self, args, state, control, **kwargs):
+                if state.global_step == step:
+                    import torch.distributed as dist
+
+                    dist.barrier()  # both ranks' shards are on disk
+                    open(os.path.join(output_dir, f"killed-rank{dist.get_rank()}"), "w").close()
+                    os._exit(137)
+
+        return DieAfterSave()
+
+
 def train_rank(rank: int, world: int, layout: str, state_path: str, output_dir: str, overrides: dict) -> dict:
     """Train the taught model (``state_path``) with real ``add`` tool calls in ``layout`` ("fsdp2", "ddp",
     "single"); per step: loss, grad norm, and the completions/tool calls each rank sampled."""
@@ -82,6 +101,8 @@ def train_rank(rank: int, world: int, layout: str, state_path: str, output_dir: 
     overrides = dict(overrides)
     prompts = overrides.pop("prompts", [0, 2, 1, 2, 0, 1])
     per_rank_batch = overrides.pop("per_rank_batch", 2)
+    die_after_save_at = overrides.pop("die_after_save_at", None)
+    resume_from = overrides.pop("resume_from", None)
     args = _args(output_dir, layout, per_rank_batch, **overrides)
     with fsdp2_on_cpu() if layout == "fsdp2" else contextlib.nullcontext():
         trainer = GptOssGRPOTrainer(
@@ -92,6 +113,7 @@ def train_rank(rank: int, world: int, layout: str, state_path: str, output_dir: 
             processing_class=harmony_tokenizer(small=True),
             tools=[AddTool()],
             rollout_system=SYSTEM,
+            callbacks=[_DieAfterSave(die_after_save_at, output_dir)] if die_after_save_at else None,
         )
     if layout == "single":
         _split_like_ranks(trainer, per_rank_batch)
@@ -104,8 +126,9 @@ def train_rank(rank: int, world: int, layout: str, state_path: str, output_dir: 
         return output
 
     trainer.rollout_func = recording
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume_from)
     return {
+        "steps": [h["step"] for h in trainer.state.log_history if "loss" in h],
         "distributed_type": str(trainer.accelerator.distributed_type),
         "fsdp2": bool(trainer.accelerator.is_fsdp2),
         "loss": logged(trainer, "loss"),

@@ -109,3 +109,48 @@ def test_fsdp2_with_a_vllm_server_pushes_every_step_and_equals_ddp(taught_state,
     assert fsdp2[0]["loss"] == pytest.approx(ddp[0]["loss"], rel=1e-4, abs=1e-7)
     assert fsdp2[0]["grad_norm"] == pytest.approx(ddp[0]["grad_norm"], rel=1e-5)
     assert len(set(fsdp2[0]["loss"])) == 3
+
+
+@pytest.mark.slow
+def test_sharded_checkpoint_kill_after_step_2_then_resume_equals_uninterrupted(taught_state, tmp_path):
+    from trl_gptoss.testing.fsdp_cpu import fsdp_args
+
+    sharded = dict(SGD, max_steps=4, save_strategy="steps", save_steps=2, **fsdp_args("SHARDED_STATE_DICT"))
+    full = _run("fsdp2", taught_state, tmp_path / "full", **sharded)
+    killed_dir = tmp_path / "killed" / "fsdp2"
+    with pytest.raises(FileNotFoundError):  # no rank returned: both ended in os._exit after checkpoint-2
+        launch(
+            train_rank,
+            2,
+            killed_dir,
+            "fsdp2",
+            taught_state,
+            str(killed_dir / "out"),
+            dict(sharded, die_after_save_at=2),
+        )
+    out = killed_dir / "out"
+    assert (out / "killed-rank0").exists() and (out / "killed-rank1").exists()
+    checkpoint = out / "checkpoint-2"
+    assert not (out / "checkpoint-4").exists()
+    shards = sorted(p.name for p in checkpoint.rglob("*.distcp"))
+    assert shards, f"no sharded (torch.distributed.checkpoint) files in {sorted(checkpoint.rglob('*'))}"
+    resumed_dir = tmp_path / "resumed"
+    resumed = launch(
+        train_rank,
+        2,
+        resumed_dir,
+        "fsdp2",
+        taught_state,
+        str(out),
+        dict(sharded, resume_from=str(checkpoint)),
+        timeout=600,
+    )
+    # the resumed log history starts with the checkpoint's steps 1-2; this process sampled and trained 3-4 only
+    assert resumed[0]["steps"] == full[0]["steps"] == [1, 2, 3, 4] and len(resumed[0]["sampled"]) == 2
+    for rank in range(2):
+        # the first rollout after resume sampled with the pushed (resumed) weights: same tokens, same log-probs
+        assert resumed[rank]["sampled"] == full[rank]["sampled"][2:]
+        assert max(resumed[rank]["diff"][2:]) <= 1e-4
+    assert resumed[0]["loss"][2:] == pytest.approx(full[0]["loss"][2:], rel=1e-4, abs=1e-7)
+    assert resumed[0]["grad_norm"][2:] == pytest.approx(full[0]["grad_norm"][2:], rel=1e-5)
+    assert full[0]["loss"][2] != full[0]["loss"][3]
