@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.trainer.helpers import grpo_args, length_reward, logged, prompt_dataset
-from trl_gptoss.routing import record_routing
+from trl_gptoss.experts.routing import record_routing
 from trl_gptoss.testing import tiny_gpt_oss
 from trl_gptoss.trainer import GptOssGRPOTrainer
 

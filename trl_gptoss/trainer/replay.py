@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from trl_gptoss.routing import RoutingRecord, record_routing, replay_routing
+from trl_gptoss.experts.routing import RoutingRecord, record_routing, replay_routing
 
 
 def _bare(model):

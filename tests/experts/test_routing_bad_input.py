@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trl_gptoss.routing import RoutingRecord, compact_index_dtype, record_routing, replay_routing
+from trl_gptoss.experts.routing import RoutingRecord, compact_index_dtype, record_routing, replay_routing
 from trl_gptoss.testing import tiny_gpt_oss
 
 TOKENS = 10

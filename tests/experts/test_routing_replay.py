@@ -11,7 +11,7 @@ from transformers.models.gpt_oss.modeling_gpt_oss import GptOssTopKRouter
 
 from trl_gptoss import FA3_SINK
 from trl_gptoss.experts import patch_gpt_oss_experts
-from trl_gptoss.routing import RoutingRecord, record_routing, replay_routing
+from trl_gptoss.experts.routing import RoutingRecord, record_routing, replay_routing
 from trl_gptoss.testing import tiny_gpt_oss
 
 ATTENTION = ["eager", FA3_SINK]
