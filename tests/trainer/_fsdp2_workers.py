@@ -65,6 +65,18 @@ def _split_like_ranks(trainer, per_rank_rows: int) -> None:
     trainer.rollout_func = rollout
 
 
+def _lora():
+    """LoRA on attention and on both expert parameters (what ``retool_gpt_oss_20b_lora`` targets)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=4,
+        lora_alpha=8,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+        target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
+    )
+
+
 class _DieAfterSave:
     """A ``TrainerCallback`` that ends the process with ``os._exit(137)`` (no cleanup, like a kill) once the
     checkpoint of step ``step`` is written, leaving ``killed-rank{N}`` in ``output_dir`` as evidence."""
@@ -103,6 +115,7 @@ def train_rank(rank: int, world: int, layout: str, state_path: str, output_dir: 
     per_rank_batch = overrides.pop("per_rank_batch", 2)
     die_after_save_at = overrides.pop("die_after_save_at", None)
     resume_from = overrides.pop("resume_from", None)
+    peft_config = _lora() if overrides.pop("lora", False) else None
     args = _args(output_dir, layout, per_rank_batch, **overrides)
     with fsdp2_on_cpu() if layout == "fsdp2" else contextlib.nullcontext():
         trainer = GptOssGRPOTrainer(
@@ -114,6 +127,7 @@ def train_rank(rank: int, world: int, layout: str, state_path: str, output_dir: 
             tools=[AddTool()],
             rollout_system=SYSTEM,
             callbacks=[_DieAfterSave(die_after_save_at, output_dir)] if die_after_save_at else None,
+            peft_config=peft_config,
         )
     if layout == "single":
         _split_like_ranks(trainer, per_rank_batch)
