@@ -30,11 +30,11 @@ def test_latest_skips_checkpoints_cut_off_during_their_save(tmp_path):
     _checkpoint(out, 1)
     _checkpoint(out, 2, state="missing")
     _checkpoint(out, 3, state="truncated")
-    (out / "checkpoint-2.incomplete").mkdir()  # a stale one from an earlier interrupted save of step 2
+    (out / "incomplete-checkpoint-2").mkdir()  # a stale one from an earlier interrupted save of step 2
     assert resume_checkpoint(_training(out, "latest")) == str(out / "checkpoint-1")
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["checkpoint-1", "checkpoint-2.incomplete", "checkpoint-3.incomplete"], names
-    assert (out / "checkpoint-2.incomplete" / "model.safetensors").is_file()  # the newer partial one is kept
+    assert names == ["checkpoint-1", "incomplete-checkpoint-2", "incomplete-checkpoint-3"], names
+    assert (out / "incomplete-checkpoint-2" / "model.safetensors").is_file()  # the newer partial one is kept
 
 
 def test_latest_without_a_complete_checkpoint_is_a_fresh_start(tmp_path):
@@ -42,7 +42,7 @@ def test_latest_without_a_complete_checkpoint_is_a_fresh_start(tmp_path):
     assert resume_checkpoint(_training(out, "latest")) is None  # no output_dir yet
     _checkpoint(out, 4, state="missing")
     assert resume_checkpoint(_training(out, "latest")) is None
-    assert [p.name for p in out.iterdir()] == ["checkpoint-4.incomplete"]
+    assert [p.name for p in out.iterdir()] == ["incomplete-checkpoint-4"]
 
 
 def test_an_explicit_checkpoint_is_used_as_given_and_must_be_whole(tmp_path):
@@ -58,5 +58,16 @@ def test_only_checkpoint_directories_are_touched(tmp_path):
     _checkpoint(tmp_path, 7, state="missing")
     (tmp_path / "checkpoint-notes.txt").write_text("mine")
     (tmp_path / "checkpoint-8-backup").mkdir()
-    assert set_aside_incomplete_checkpoints(tmp_path) == [tmp_path / "checkpoint-7.incomplete"]
+    assert set_aside_incomplete_checkpoints(tmp_path) == [tmp_path / "incomplete-checkpoint-7"]
     assert (tmp_path / "checkpoint-notes.txt").is_file() and (tmp_path / "checkpoint-8-backup").is_dir()
+
+
+def test_the_trainers_rotation_never_counts_a_set_aside_checkpoint(tmp_path):
+    from transformers.trainer_utils import rotate_checkpoints
+
+    _checkpoint(tmp_path, 1)
+    _checkpoint(tmp_path, 2, state="missing")
+    _checkpoint(tmp_path, 3)
+    set_aside_incomplete_checkpoints(tmp_path)
+    rotate_checkpoints(str(tmp_path), save_total_limit=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-3", "incomplete-checkpoint-2"]

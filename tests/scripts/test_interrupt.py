@@ -270,5 +270,5 @@ def test_sigkill_mid_save_leaves_no_server_and_the_restart_resumes(tmp_path):
         assert restart.wait(timeout=CHECKPOINT_BOUND_S) == 0, _tail(tmp_path / "restart.log")
     finally:
         _kill_leftovers(restart, [], out, None)
-    assert (out / "checkpoint-2.incomplete").is_dir() == cut_off, sorted(p.name for p in out.iterdir())
+    assert (out / "incomplete-checkpoint-2").is_dir() == cut_off, sorted(p.name for p in out.iterdir())
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 3

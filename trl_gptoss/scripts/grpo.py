@@ -6,7 +6,7 @@ YAML. ``model_name_or_path: embedded`` is the CPU demo: a tiny GPT-OSS built off
 
 Stopping: Ctrl-C and SIGTERM both stop the rollout server and leave the checkpoints saved so far as they were
 (exit status 130 / 143); a SIGKILL leaves the server to its watchdog (``trl_gptoss.rollout.server``). Every
-start sets aside checkpoints cut off during their save (``checkpoint-N.incomplete``) before it resumes, so
+start sets aside checkpoints cut off during their save (``incomplete-checkpoint-N``) before it resumes, so
 ``resume_from_checkpoint: latest`` picks the newest complete one -- or starts afresh when there is none.
 """
 
@@ -104,18 +104,20 @@ def _model_init_dtype(job: JobArguments, training) -> None:
 
 
 def set_aside_incomplete_checkpoints(output_dir) -> list[Path]:
-    """Rename ``checkpoint-N`` folders without a readable ``trainer_state.json`` to ``checkpoint-N.incomplete``.
+    """Rename ``checkpoint-N`` folders without a readable ``trainer_state.json`` to ``incomplete-checkpoint-N``.
 
     The Trainer writes a checkpoint in place and ``trainer_state.json`` last, so a run stopped during a save
     (Ctrl-C, SIGTERM, SIGKILL, a crash) leaves a partial ``checkpoint-N``, which ``resume_from_checkpoint``
-    ``latest`` would pick (and fail to load) as the newest; renamed, it no longer matches
-    ``checkpoint-<digits>`` and the newest complete checkpoint is used. A stale ``checkpoint-N.incomplete``
-    from an earlier interrupted save of the same step is replaced.
+    ``latest`` would pick (and fail to load) as the newest. Renamed, it no longer starts with ``checkpoint-``:
+    ``latest`` finds the newest complete checkpoint, and the Trainer's ``save_total_limit`` rotation (which
+    reads any ``checkpoint-<digits>...`` name as that step) can neither count it nor delete a whole checkpoint
+    in its place. A stale ``incomplete-checkpoint-N`` from an earlier interrupted save of the same step is
+    replaced.
     """
     moved = []
     for path in sorted(Path(output_dir).glob("checkpoint-*")):
         if re.fullmatch(r"checkpoint-\d+", path.name) and path.is_dir() and not is_complete_checkpoint(path):
-            target = path.with_name(f"{path.name}.incomplete")
+            target = path.with_name(f"incomplete-{path.name}")
             if target.exists():  # an earlier interrupted save of the same step: no more use than this one
                 shutil.rmtree(target)
             path.rename(target)
@@ -135,7 +137,7 @@ def resume_checkpoint(training) -> str | None:
     with training.main_process_first(desc="set incomplete checkpoints aside"):
         if training.should_save and Path(training.output_dir).is_dir():
             for path in set_aside_incomplete_checkpoints(training.output_dir):
-                logger.warning("%s was cut off during its save; set aside as %s", path.stem, path.name)
+                logger.warning("a checkpoint cut off during its save is set aside as %s", path)
     resume = training.resume_from_checkpoint
     if resume != "latest":
         return resume
