@@ -141,6 +141,19 @@ def test_frozen_weight_int32_ids_no_entropy():
     )  # fmt: skip
 
 
+def test_autocast_does_not_lower_the_logits():
+    """Under CPU bf16 autocast the tiles stay fp32: same outputs and gradients as without autocast."""
+    case = Case(temperature=0.9)
+    hidden, weight, bias, ids = _inputs(case, dtype=torch.float32)
+    g_logp, g_entropy = torch.randn(case.lead), torch.randn(case.lead)
+    plain = _run(selective_logprobs, hidden, weight, bias, ids, case, g_logp, g_entropy)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = _run(selective_logprobs, hidden, weight, bias, ids, case, g_logp, g_entropy)
+    for name, a, b in zip(NAMES, autocast, plain):
+        assert a.dtype == b.dtype, name
+        _assert_close(name, a, b, atol=0.0)
+
+
 def test_gradcheck_tiny():
     case = Case(lead=(2, 3), hidden=4, vocab=7, chunk=4, temperature=0.7)
     hidden, weight, bias, ids = _inputs(case)
