@@ -15,6 +15,7 @@ from trl import GRPOConfig
 from trl_gptoss import FA3_SINK
 from trl_gptoss.trainer import fields as check
 from trl_gptoss.trainer.correction import CorrectionPreset, CorrectionThresholds, preset_from_trl
+from trl_gptoss.trainer.logprob_head import LOGPROBS_IMPLEMENTATIONS
 from trl_gptoss.trainer.refused import refused_parent_fields
 
 ROLLOUT_BACKENDS = ("vllm_server", "transformers")
@@ -137,6 +138,14 @@ class GptOssGRPOConfig(GRPOConfig):
         default="gptoss_sequential",
         metadata={"help": "MoE experts implementation; 'gptoss_sequential' is memory-safe in train and eval."},
     )
+    logprobs_implementation: str = field(
+        default="selective_logprobs",
+        metadata={
+            "help": "How the loss pass gets per-token log-probs: 'selective_logprobs' (gptoss_kernels, chunks of "
+            "the vocabulary projection recomputed in backward, never [tokens, vocab] logits) or 'trl' (TRL's own "
+            "fused head, kept for comparison)."
+        },
+    )
     router_aux_loss_coef: float | None = field(
         default=UNSET_AUX_COEF,
         metadata={
@@ -223,6 +232,7 @@ class GptOssGRPOConfig(GRPOConfig):
         check.positive_int("sp_size", self.sp_size)
         check.registered("attn_implementation", self.attn_implementation, ALL_ATTENTION_FUNCTIONS)
         check.registered("experts_implementation", self.experts_implementation, ALL_EXPERTS_FUNCTIONS)
+        check.one_of("logprobs_implementation", self.logprobs_implementation, LOGPROBS_IMPLEMENTATIONS)
 
     def _check_parent_fields(self) -> None:
         """TRL fields whose bad values would fail late (after the model loads) or train silently wrong."""

@@ -29,6 +29,7 @@ import trl_gptoss  # noqa: F401  (registers fa3_sink and gptoss_sequential)
 from trl_gptoss.trainer.checks import as_conversation, check_dataset, checked_reward, required_reward_columns
 from trl_gptoss.trainer.config import GptOssGRPOConfig
 from trl_gptoss.trainer.correction import finalize_metrics, masked_log_ratio, mismatch_stats, rollout_correction
+from trl_gptoss.trainer.logprob_head import add_selective_logprobs_head
 from trl_gptoss.trainer.loss_pass import LossPass
 from trl_gptoss.trainer.model_card import card_model_name, rewrite_card
 from trl_gptoss.trainer.policy import DropLoadedModelWarning, load_policy, resolve_aux_coef, switch_implementations
@@ -119,6 +120,11 @@ class GptOssGRPOTrainer(GRPOTrainer):
             trl_logger.removeFilter(quiet)
         if self.ref_model is not None:  # TRL built it from the policy's path: same implementations
             switch_implementations(self.ref_model, args)
+        if args.logprobs_implementation == "selective_logprobs":
+            for model_ in (self.model, self.ref_model):
+                if model_ is not None:  # TRL's fused head was added to the bare model; ours replaces it there
+                    bare = model_.get_base_model() if hasattr(model_, "get_base_model") else model_
+                    add_selective_logprobs_head(bare, self.temperature, args.cast_lm_head_to_fp32)
         self.sp_loss = (
             SequenceParallelLoss(check_sequence_parallel(args, self.model.config)) if args.sp_size > 1 else None
         )

@@ -1,0 +1,127 @@
+"""The loss pass's log-probs through ``selective_logprobs`` equal TRL's fused head: values and every gradient."""
+
+import copy
+
+import pytest
+import torch
+from trl.trainer.utils import add_fused_lm_head
+
+from tests.trainer.helpers import grpo_args, prompt_dataset
+from trl_gptoss.testing import tiny_gpt_oss
+from trl_gptoss.trainer import GptOssGRPOTrainer
+from trl_gptoss.trainer.logprob_head import add_selective_logprobs_head
+
+
+def _batch(seed=0, rows=3, length=150):
+    """Rows longer than the 128-token sliding window, ragged (left padding), completions of varied length."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 500, (rows, length), generator=generator)
+    attention = torch.ones_like(ids)
+    attention[1, :7] = 0
+    attention[-1, :40] = 0
+    labels = ids.masked_fill(attention == 0, -100)
+    labels[:, :-60] = -100  # score the last 60 positions, as TRL's logits_to_keep does
+    labels[0, -5:] = -100
+    return ids, attention, labels
+
+
+def _patched(model, which, temperature):
+    model = copy.deepcopy(model)
+    add_fused_lm_head(model, temperature=temperature, outputs=("log_probs", "entropy"))  # what TRL does
+    if which == "selective_logprobs":
+        add_selective_logprobs_head(model, temperature)
+    return model
+
+
+def _run(model, ids, attention, labels, weights):
+    out = model(input_ids=ids, attention_mask=attention, labels=labels, fused_lm_head=True)
+    objective = (out.log_probs * weights[0]).sum() + (out.entropy * weights[1]).sum()
+    objective.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out.log_probs.detach(), out.entropy.detach(), grads
+
+
+def _reference(model, ids, attention, labels, weights, temperature):
+    """Plain float64 math on the model's full logits: log-softmax of logits / T at the label, and entropy."""
+    model = copy.deepcopy(model)
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1] / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    target = labels[:, 1:]
+    mask = target != -100
+    logp = logp_all.gather(-1, target.clamp(min=0)[..., None])[..., 0] * mask
+    entropy = -(logp_all.exp() * logp_all).sum(-1) * mask
+    ((logp * weights[0]).sum() + (entropy * weights[1]).sum()).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return logp.detach(), entropy.detach(), grads
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_float64_values_and_every_gradient_equal_the_plain_math(temperature):
+    """TRL's own head computes in float32 whatever the input dtype, so the float64 check is against plain math on
+    the model's logits (the float32 agreement with TRL's head is the trainer test below)."""
+    model = tiny_gpt_oss(seed=0).double().train()
+    model.set_attn_implementation("fa3_sink")
+    model.set_experts_implementation("gptoss_sequential")  # float64-capable, as the trainer runs it
+    ids, attention, labels = _batch()
+    shifted = (ids.shape[0], ids.shape[1] - 1)  # position t scores label t + 1
+    weights = torch.randn(2, *shifted, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    ref = _reference(model, ids, attention, labels, weights, temperature)
+    ours = _run(_patched(model, "selective_logprobs", temperature), ids, attention, labels, weights)
+    assert ours[0].dtype == torch.float64
+    for name, a, b in (("logp", ref[0], ours[0]), ("entropy", ref[1], ours[1])):
+        assert torch.allclose(a, b, rtol=0, atol=1e-10), (name, (a - b).abs().max().item())
+    assert ref[2].keys() == ours[2].keys() and "model.layers.0.self_attn.sinks" in ours[2]
+    for name in ref[2]:
+        diff = (ref[2][name] - ours[2][name]).abs().max().item()
+        assert diff <= 1e-10 * max(1.0, ref[2][name].abs().max().item()), (name, diff)
+
+
+def test_plain_forward_and_generation_are_untouched():
+    model = tiny_gpt_oss(seed=0).eval()
+    patched = _patched(model, "selective_logprobs", 1.0)
+    ids = torch.randint(5, 500, (1, 20))
+    assert torch.equal(model(input_ids=ids).logits, patched(input_ids=ids).logits)
+    assert torch.equal(
+        model.generate(ids, max_new_tokens=4, do_sample=False), patched.generate(ids, max_new_tokens=4, do_sample=False)
+    )
+
+
+def test_the_trainer_loss_and_gradients_equal_trls_path(tokenizer, tmp_path, monkeypatch):
+    from trl_gptoss.trainer import logprob_head
+
+    calls = []
+    op = logprob_head.selective_logprobs
+    monkeypatch.setattr(logprob_head, "selective_logprobs", lambda *a, **k: calls.append(1) or op(*a, **k))
+    losses, grads = {}, {}
+    ids, attention, _ = _batch(rows=2, length=140)
+    completion = 40
+    for which in ("trl", "selective_logprobs"):
+        torch.manual_seed(0)
+        trainer = GptOssGRPOTrainer(
+            tiny_gpt_oss(seed=0),
+            lambda completions, **kw: [0.0] * len(completions),
+            args=grpo_args(tmp_path, logprobs_implementation=which, entropy_coef=0.05),
+            train_dataset=prompt_dataset([0]),
+            processing_class=tokenizer,
+            tools=[],
+        )
+        trainer.model.train()
+        trainer.current_gradient_accumulation_steps = 1
+        inputs = {
+            "prompt_ids": ids[:, :-completion],
+            "prompt_mask": attention[:, :-completion],
+            "completion_ids": ids[:, -completion:],
+            "completion_mask": torch.ones(2, completion, dtype=torch.long),
+            "advantages": torch.tensor([1.0, -0.5]),
+            "num_items_in_batch": torch.tensor(2.0 * completion),
+        }
+        before = len(calls)
+        loss = trainer._compute_loss(trainer.model, inputs)
+        loss.backward()
+        assert (len(calls) > before) == (which == "selective_logprobs"), which  # the configured path ran
+        losses[which] = loss.item()
+        grads[which] = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    assert losses["selective_logprobs"] == pytest.approx(losses["trl"], rel=1e-5, abs=1e-7)
+    for name, ref in grads["trl"].items():
+        diff = (ref - grads["selective_logprobs"][name]).abs().max().item()
+        assert diff <= 1e-5 * max(1.0, ref.abs().max().item()), (name, diff)
