@@ -22,14 +22,11 @@ import os
 import platform
 import resource
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.parallel._harness import launch  # noqa: E402
+from trl_gptoss.testing.distributed import launch
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -65,11 +62,13 @@ def _as_padded_rows(ids, positions):
 
 
 def bench_worker(rank, world, inner, seq_len, documents, steps, heads):
+    from torch.nn.parallel import DistributedDataParallel
 
     from trl_gptoss.parallel import ContextParallelPlugin, prepare_context_parallel
     from trl_gptoss.testing import tiny_gpt_oss
 
-    model = tiny_gpt_oss(seed=0, num_attention_heads=heads).train()
+    # wrapped as in training: the gradient all-reduce is what sums each rank's partial gradients
+    model = DistributedDataParallel(tiny_gpt_oss(seed=0, num_attention_heads=heads).train())
     plugin = ContextParallelPlugin(sp_size=world, inner_attention=inner)
     runner = prepare_context_parallel(None, model, plugin)
     rows, mask = _as_padded_rows(*_packed_sequence(rank, seq_len, documents))

@@ -4,7 +4,7 @@ Usage: ``python benchmarks/bench_rewards.py [--repeats 5] [--out benchmarks/resu
 
 Workloads (each verified before it is timed: every reward must return floats, and three known answers
 must score as expected, so a reward that "got fast" by breaking is caught):
-- the hostile corpus of ``tests/rewards/hostile.py`` (crashes and stalls of earlier versions);
+- the hostile corpus of ``trl_gptoss/testing/hostile_completions.py`` (crashes and stalls of earlier versions);
 - padded: each corpus entry repeated up to 100 kB, the size the target is stated for;
 - a realistic 100 kB ReTool completion (reasoning text, code, a boxed answer at the end).
 Per input: the median over ``--repeats`` of each reward's time for ONE completion (ReTool and GSM8K
@@ -20,13 +20,10 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests.rewards.hostile import ALL_CONSTRAINTS, CRASHES_AND_STALLS  # noqa: E402
-from trl_gptoss.rewards import gsm8k_reward, retool_reward, verifyif_reward  # noqa: E402
+from trl_gptoss.rewards import gsm8k_reward, retool_reward, verifyif_reward
+from trl_gptoss.testing.hostile_completions import ALL_CONSTRAINTS, CRASHES_AND_STALLS
 
 TARGET_MS = 50.0
 SIZE = 100 * 1024

@@ -17,10 +17,10 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 import trl_gptoss.parallel.attention as sp_attention
-from tests.parallel._harness import set_rank_environment
 from trl_gptoss.parallel import ContextParallelPlugin, pack_rows, prepare_context_parallel
 from trl_gptoss.parallel.batching import pad_to_multiple, shard
 from trl_gptoss.testing import tiny_gpt_oss
+from trl_gptoss.testing.distributed import set_rank_environment
 
 MODEL_SEED = 3
 PROMPT_SLOTS, COMPLETION_SLOTS, ROWS = 12, 36, 3

@@ -11,8 +11,8 @@ import re
 
 import pytest
 
-from tests.parallel._harness import launch
 from tests.parallel._workers import bad_input_worker, equivalence_worker
+from trl_gptoss.testing.distributed import launch
 
 pytestmark = pytest.mark.distributed
 

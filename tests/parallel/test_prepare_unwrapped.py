@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.parallel._harness import launch
+from trl_gptoss.testing.distributed import launch
 
 pytestmark = pytest.mark.distributed
 

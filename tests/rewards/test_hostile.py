@@ -11,7 +11,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.rewards.hostile import ALL_CONSTRAINTS, CRASHES_AND_STALLS, FALSE_POSITIVES
 from trl_gptoss.rewards import (
     MAX_ANSWER_CHARS,
     answers_match,
@@ -23,6 +22,7 @@ from trl_gptoss.rewards import (
     verifyif_reward,
     verifyif_strict_reward,
 )
+from trl_gptoss.testing.hostile_completions import ALL_CONSTRAINTS, CRASHES_AND_STALLS, FALSE_POSITIVES
 
 STALL_BUDGET_S = 1.0
 TRUTHS = ["33", "1/3", "\\frac{\\pi}{2}", "1e5", "-0.25", "1170"]

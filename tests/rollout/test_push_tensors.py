@@ -82,7 +82,7 @@ def test_deepspeed_zero3_parameters_are_refused_naming_the_alternative():
 @pytest.mark.distributed
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_fsdp2_push_gathers_exact_full_tensors_on_rank0_only(tmp_path, lora):
-    from tests.parallel._harness import launch
+    from trl_gptoss.testing.distributed import launch
 
     _, reference = build(lora)
     rank0, rank1 = launch(push_rank, 2, tmp_path / "run", lora, timeout=300)
@@ -150,7 +150,7 @@ def test_backend_started_for_a_lora_model_serves_the_merged_copy_and_adapters_st
 @pytest.mark.distributed
 @pytest.mark.parametrize("fail_at_layer", [None, 1], ids=["ok", "rank0-fails-mid-push"])
 def test_push_model_is_collective_and_a_failure_on_rank0_reaches_every_rank(tmp_path, fail_at_layer):
-    from tests.parallel._harness import launch
+    from trl_gptoss.testing.distributed import launch
 
     from ._push_workers import push_model_rank
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from tests.parallel._harness import set_rank_environment
+from trl_gptoss.testing.distributed import set_rank_environment
 
 WORLD = 2
 

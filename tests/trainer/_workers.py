@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from tests.parallel._harness import set_rank_environment
+from trl_gptoss.testing.distributed import set_rank_environment
 
 
 def server_mode_rank(rank: int, world: int, server_url: str, state_path: str, output_dir: str) -> dict:

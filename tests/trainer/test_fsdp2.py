@@ -8,8 +8,8 @@ all-gathers out of order, so the engine samples from an unsharded replica filled
 import pytest
 import torch
 
-from tests.parallel._harness import launch
 from tests.trainer._fsdp2_workers import engine_rank, train_rank
+from trl_gptoss.testing.distributed import launch
 
 pytestmark = pytest.mark.distributed
 

@@ -12,8 +12,8 @@ from trl_gptoss.trainer import GptOssGRPOTrainer
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_sp2_step_equals_sp1_step(tmp_path):
-    from tests.parallel._harness import launch
     from tests.trainer._workers import sp_rank
+    from trl_gptoss.testing.distributed import launch
 
     sharded = launch(sp_rank, 2, tmp_path / "sp2", 2, str(tmp_path / "out2"), timeout=600)
     plain = launch(sp_rank, 2, tmp_path / "sp1", 1, str(tmp_path / "out1"), timeout=600)

@@ -109,8 +109,8 @@ def test_figure4_mismatch_metric_sees_missing_sinks(tokenizer, tmp_path, server,
 
 @pytest.mark.distributed
 def test_two_processes_with_different_tool_call_counts(taught, tmp_path, server):
-    from tests.parallel._harness import launch
     from tests.trainer._workers import server_mode_rank
+    from trl_gptoss.testing.distributed import launch
 
     state_path = tmp_path / "taught.pt"
     torch.save(taught[0], state_path)

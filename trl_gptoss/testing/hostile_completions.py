@@ -5,7 +5,7 @@ score every one as a float in bounded time. ``FALSE_POSITIVES`` maps an id to ``
 completion that does NOT state the truth (grouping, case, precision, negation, text after the final
 message, guesses in several boxes); ``retool_reward`` must give -1 and ``gsm8k_reward`` 0.
 ``ALL_CONSTRAINTS`` is one valid constraint of every kind, so a VerifyIf call over it runs every checker.
-Shared by ``test_hostile.py`` and ``benchmarks/bench_rewards.py``.
+Shared by ``tests/rewards/test_hostile.py`` and ``benchmarks/bench_rewards.py``.
 """
 
 from __future__ import annotations

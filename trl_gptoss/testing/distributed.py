@@ -1,4 +1,5 @@
-"""Run a function on N gloo processes (spawned, ``file://`` rendezvous, hard timeouts) and collect results.
+"""Run a function on N gloo processes (spawned, ``file://`` rendezvous, hard timeouts) and collect results
+(tests and benchmarks only).
 
 Each worker writes its JSON result (or its traceback) to the run directory, so a failing rank reports why
 instead of leaving its peers blocked: peers time out on the 120 s collective timeout, the parent on
