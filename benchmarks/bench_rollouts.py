@@ -5,7 +5,10 @@ make a chosen number of python calls (0-6, skewed: most make few, one makes six)
 sandbox run. Variants, all on the same server and the same prompts:
 
 - ``async``: ``run_rollouts`` — each conversation is its own task; tool calls run on a worker pool
-  (``max_concurrent_tools``) while the others keep generating.
+  (``max_concurrent_tools``) while the others keep generating; requests that become ready within
+  ``engine_batch_window_s`` (default) of each other are sent together.
+- ``async-ungrouped`` (``--variants``): the same with ``engine_batch_window_s=0``, every request sent as soon
+  as it is ready.
 - ``lockstep``: TRL's ``_tool_call_loop`` shape — each round sends every unfinished conversation to the engine
   at once asking for ``max_completion_length`` new tokens, waits for the whole batch, then runs the round's
   tool calls one after another; the next round starts when all are done.
@@ -14,16 +17,20 @@ sandbox run. Variants, all on the same server and the same prompts:
 
 Before timing, each variant is checked: every conversation ends with its final answer after exactly its
 number of calls, and all variants produce the same completion ids. Reported: wall seconds (median of
-``--repeats``), speed-up over lockstep, sampled tokens/s, and the share of wall time the engine had no request
-in flight. The machine's load average is recorded with the numbers (the shared 2-core CI host is noisy).
+``--repeats``, variants interleaved run by run), speed-up over lockstep, sampled tokens/s, the share of wall
+time the engine had no request in flight, and vLLM's engine steps per run (``/metrics``); ``--timeline`` also
+prints each variant's timeline of engine requests and sandbox runs (``rollout_timeline.py``). The machine's load
+average is recorded with the numbers (the shared 2-core CI host is noisy).
 
-    .venv/bin/python benchmarks/bench_rollouts.py [--repeats 3] [--out benchmarks/results/rollouts_cpu.json]
+    .venv/bin/python benchmarks/bench_rollouts.py [--repeats 3] [--workload uniform|varied|long]
+        [--variants async,async-ungrouped,lockstep,lockstep+parallel-tools] [--timeline] [--out FILE.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import statistics
@@ -40,11 +47,15 @@ from trl_gptoss.harmony.tokens import CALL, RETURN, START  # noqa: E402
 from trl_gptoss.rollout import GenerationRequest, RolloutConfig, run_rollouts  # noqa: E402
 from trl_gptoss.rollout.config import derive_seed  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import rollout_timeline  # noqa: E402
+
 CALL_COUNTS = [0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 3, 4, 5, 6]
 MAX_COMPLETION = 1536
 MAX_TURNS = 8
 TEMPERATURE = 0.05  # near-greedy: the overfit model reproduces its trajectories, every variant does equal work
 POOL = 4
+VARIANTS = ("async", "async-ungrouped", "lockstep", "lockstep+parallel-tools")
 
 
 def trajectories():
@@ -61,18 +72,38 @@ def varied_trajectories() -> list:
     """``varied`` workload, one trajectory per conversation: the same call counts, but each turn's length
     (a comment of 0-40 words in the cell) and each sandbox run's duration (``time.sleep`` of 0-0.6 s) are drawn
     from a seeded generator, as real turns and real programs vary."""
+    return _drawn_trajectories(words=(0, 40), sleep_s=0.6, final_words=(0, 0))
+
+
+def long_trajectories() -> list:
+    """``long`` workload: turns of hundreds of tokens (cells and final answers of 10-80 words, ~3.4 tokens a
+    word with the test tokenizer; a conversation's cells share ~360 words so the 6-call one fits the budget)
+    and programs of 0-0.3 s: here each conversation's turns take very different times, which a lockstep round
+    must wait out."""
+    return _drawn_trajectories(words=(10, 80), sleep_s=0.3, final_words=(10, 80))
+
+
+def _drawn_trajectories(*, words: tuple[int, int], sleep_s: float, final_words: tuple[int, int]) -> list:
     import random
 
     from trl_gptoss.testing.tool_caller import ToolTrajectory
 
     rng = random.Random(0)
+
+    def text(low: int, high: int) -> str:
+        return " ".join(rng.choice(["step", "value", "check", "sum", "next"]) for _ in range(rng.randint(low, high)))
+
     out = []
     for j, k in enumerate(CALL_COUNTS):
         cells = []
+        high = min(words[1], 360 // max(k, 1))
         for i in range(k):
-            words = " ".join(rng.choice(["step", "value", "check", "sum", "next"]) for _ in range(rng.randint(0, 40)))
-            cells.append((f"# {words}\nimport time\ntime.sleep({rng.uniform(0, 0.6):.2f})\nprint({i + 1})", str(i + 1)))
-        out.append(ToolTrajectory(f"Task {j}: make {k} python calls.", tuple(cells), "done"))
+            comment = text(min(words[0], high), high)
+            cells.append(
+                (f"# {comment}\nimport time\ntime.sleep({rng.uniform(0, sleep_s):.2f})\nprint({i + 1})", str(i + 1))
+            )
+        final = f"done {text(*final_words)}".strip() if final_words[1] else "done"
+        out.append(ToolTrajectory(f"Task {j}: make {k} python calls.", tuple(cells), final))
     return out
 
 
@@ -124,14 +155,18 @@ class ScriptedOnServer:
 class MeteredEngine:
     """Wraps an engine: counts sampled tokens and the time with at least one request in flight."""
 
-    def __init__(self, engine):
-        self.engine, self.max_model_len = engine, engine.max_model_len
+    def __init__(self, engine, timeline=None):
+        self.engine, self.max_model_len, self.timeline = engine, engine.max_model_len, timeline
         self.in_flight, self.busy_since, self.busy, self.tokens = 0, 0.0, 0.0, 0
 
     def reset(self):
         self.in_flight, self.busy, self.tokens = 0, 0.0, 0
+        if self.timeline is not None:
+            self.timeline.start()
 
     async def generate(self, request):
+        event = self.timeline.gen(request.seed) if self.timeline is not None else {}
+        event["submit"] = self.timeline.now() if self.timeline is not None else 0.0
         if self.in_flight == 0:
             self.busy_since = time.perf_counter()
         self.in_flight += 1
@@ -142,6 +177,8 @@ class MeteredEngine:
             if self.in_flight == 0:
                 self.busy += time.perf_counter() - self.busy_since
         self.tokens += len(generation.token_ids)
+        if self.timeline is not None:
+            event.update(done=self.timeline.now(), tokens=len(generation.token_ids), prompt=len(request.prompt_ids))
         return generation
 
     def push_weights(self, model):
@@ -195,17 +232,22 @@ async def lockstep_rollouts(engine, prompts, tokenizer, tool, *, parallel_tools:
     return completions
 
 
-def run_variant(name, engine, prompts, tokenizer, tool):
+def run_variant(name, engine, prompts, tokenizer, tool, counters=None):
+    """One run of one variant: its completions and its numbers (with ``counters``, a function returning vLLM's
+    counters, also the run's timeline summary)."""
+    before = counters() if counters is not None else None
+    load = os.getloadavg()[0]
     engine.reset()
     start = time.perf_counter()
-    if name == "async":
+    if name.startswith("async"):
         config = RolloutConfig(
             max_turns=MAX_TURNS,
             max_completion_tokens=MAX_COMPLETION,
             temperature=TEMPERATURE,
             max_concurrent_tools=POOL,
-            python_stateful=False,
         )
+        if name == "async-ungrouped":
+            config.engine_batch_window_s = 0.0
         rollouts = run_rollouts(engine, prompts, tokenizer=tokenizer, tools=[tool], config=config)
         completions = [r.completion_ids for r in rollouts]
     else:
@@ -213,22 +255,31 @@ def run_variant(name, engine, prompts, tokenizer, tool):
             lockstep_rollouts(engine, prompts, tokenizer, tool, parallel_tools=name.endswith("tools"))
         )
     wall = time.perf_counter() - start
-    return completions, {
+    numbers = {
         "wall_s": wall,
         "sampled_tokens": engine.tokens,
         "tokens_per_s": engine.tokens / wall,
         "engine_idle_share": 1.0 - engine.busy / wall,
+        "load_1m_at_start": load,
     }
+    if before is not None:
+        after = counters()
+        delta = {key: after[key] - before[key] for key in after}
+        numbers["timeline"] = rollout_timeline.summary(engine.timeline, wall, delta)
+        numbers["engine_steps"] = delta["steps"]
+    return completions, numbers
 
 
-def check(name, completions, tokenizer, reference):
+def check(name, completions, tokenizer, reference, conversations):
+    """Every conversation made exactly its calls and gave its final answer; every variant did the same work."""
     codec = codec_for(tokenizer)
-    for k, completion in zip(CALL_COUNTS, completions):
+    for spec, completion in zip(conversations, completions):
         parsed = parse_completion(completion, codec)
         calls = [m for m in parsed.messages if m.role == "assistant" and m.recipient == "python"]
-        if len(calls) != k or parsed.final_answer != "done":
+        if len(calls) != len(spec.calls) or parsed.final_answer != spec.final:
             raise RuntimeError(
-                f"{name}: a conversation meant to make {k} calls made {len(calls)} and answered {parsed.final_answer!r}"
+                f"{name}: a conversation meant to make {len(spec.calls)} calls made {len(calls)} and answered "
+                f"{parsed.final_answer!r:.40}"
             )
     if reference is not None and completions != reference:
         raise RuntimeError(f"{name}: completions differ from the async loop's; the variants did not do equal work")
@@ -241,10 +292,10 @@ def main(argv=None) -> int:
     parser.add_argument("--cache", default=None, help="checkpoint directory (default: the trl-gptoss cache)")
     parser.add_argument(
         "--workload",
-        choices=["uniform", "varied"],
+        choices=["uniform", "varied", "long"],
         default="uniform",
         help="uniform: equal short turns and instant programs; varied: turn lengths and program "
-        "durations drawn per turn (seeded)",
+        "durations drawn per turn (seeded); long: turns of hundreds of tokens, lengths drawn per turn",
     )
     parser.add_argument(
         "--policy",
@@ -253,6 +304,12 @@ def main(argv=None) -> int:
         help="scripted: a random tiny model does the real generation work of scripted turns; "
         "overfit: a tiny model trained to make the calls itself (slow to train on a busy CPU)",
     )
+    parser.add_argument(
+        "--variants", default="async,lockstep,lockstep+parallel-tools", help=f"comma-separated, from {VARIANTS}"
+    )
+    parser.add_argument(
+        "--timeline", action="store_true", help="print each variant's timeline and where its time went (last repeat)"
+    )
     args = parser.parse_args(argv)
 
     from trl_gptoss.harmony.tokenizer import cache_dir
@@ -260,7 +317,7 @@ def main(argv=None) -> int:
     from trl_gptoss.rollout.vllm_engine import VLLMServerEngine
     from trl_gptoss.testing import harmony_tokenizer, save_tiny_checkpoint
     from trl_gptoss.testing.tool_caller import prompt_ids, trajectory_turns
-    from trl_gptoss.tools import PythonSandbox, PythonTool, SandboxLimits
+    from trl_gptoss.tools import PythonSandbox, SandboxLimits
 
     tokenizer = harmony_tokenizer(small=True)
     if args.workload == "uniform":
@@ -268,52 +325,73 @@ def main(argv=None) -> int:
         conversations = [trajectories()[k] for k in CALL_COUNTS]
     else:
         if args.policy != "scripted":
-            raise SystemExit("--workload varied needs --policy scripted (one trajectory per conversation)")
-        specs = conversations = varied_trajectories()
+            raise SystemExit(f"--workload {args.workload} needs --policy scripted (one trajectory per conversation)")
+        specs = conversations = varied_trajectories() if args.workload == "varied" else long_trajectories()
     prompts = [prompt_ids(tokenizer, spec.prompt) for spec in conversations]
     if args.policy == "overfit":
         checkpoint = build_checkpoint(Path(args.cache or cache_dir() / "bench_rollouts_tool_caller_v1"), tokenizer)
     else:
         checkpoint = save_tiny_checkpoint(Path(args.cache or cache_dir() / "bench_rollouts_tiny_v1"), seed=0)
-    tool = PythonTool(PythonSandbox(SandboxLimits(wall_seconds=30.0), max_concurrency=POOL))
-    variants = ["async", "lockstep", "lockstep+parallel-tools"]
+    sandbox = PythonSandbox(SandboxLimits(wall_seconds=30.0), max_concurrency=POOL)
+    seeds = {derive_seed(0, i, t): (i, t) for i in range(len(prompts)) for t in range(MAX_TURNS)}
+    timeline = rollout_timeline.Timeline(seeds)
+    tool = rollout_timeline.TimedPythonTool(sandbox, stateful=False)
+    tool.timeline = timeline
+    variants = args.variants.split(",")
+    unknown = set(variants) - set(VARIANTS)
+    if unknown or "lockstep" not in variants:
+        raise SystemExit(f"--variants takes names from {VARIANTS} and must include lockstep; got {args.variants}")
     runs = {v: [] for v in variants}
     with VLLMServer(checkpoint, max_model_len=2048, max_num_seqs=16) as server:
         engine = VLLMServerEngine(server.base_url)
+        rollout_timeline.instrument_http(engine, timeline)
+        counters = functools.partial(rollout_timeline.engine_counters, server.base_url)
         if args.policy == "scripted":
             scripts = {}
             for spec in specs:
                 prompt, pieces = trajectory_turns(tokenizer, spec)
                 scripts[tuple(prompt)] = [tokens for tokens, sampled in pieces if sampled]
             engine = ScriptedOnServer(engine, tokenizer, scripts)
-        engine = MeteredEngine(engine)
+        engine = MeteredEngine(engine, timeline)
         try:
             reference = None
             for variant in variants:  # warm-up + correctness
                 completions, _ = run_variant(variant, engine, prompts, tokenizer, tool)
-                check(variant, completions, tokenizer, reference)
+                check(variant, completions, tokenizer, reference, conversations)
                 reference = reference or completions
-            for _ in range(args.repeats):
+            for repeat in range(args.repeats):
                 for variant in variants:
-                    runs[variant].append(run_variant(variant, engine, prompts, tokenizer, tool)[1])
+                    runs[variant].append(run_variant(variant, engine, prompts, tokenizer, tool, counters)[1])
+                    if args.timeline and repeat == args.repeats - 1:
+                        print(f"--- {variant} (last repeat), {runs[variant][-1]['wall_s']:.2f} s")
+                        print(rollout_timeline.text_timeline(timeline))
+                        shown = {k: v for k, v in runs[variant][-1]["timeline"].items() if k != "events"}
+                        print(json.dumps(shown, indent=1))
         finally:
             engine.engine.close()
     return report(runs, args.out, args.policy, args.workload)
 
 
 def report(runs, out, policy: str, workload: str) -> int:
-    median = {v: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for v, rs in runs.items()}
+    median = {
+        v: {key: statistics.median(r[key] for r in rs) for key in rs[0] if key != "timeline"} for v, rs in runs.items()
+    }
     base = median["lockstep"]["wall_s"]
+    parallel = median.get("lockstep+parallel-tools", {}).get("wall_s", float("nan"))
+    loads = [r["load_1m_at_start"] for rs in runs.values() for r in rs]
     print(
         f"16 conversations, tool calls {CALL_COUNTS} (sum {sum(CALL_COUNTS)}), one sandbox run per call, "
-        f"policy {policy}, workload {workload}; "
-        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+        f"policy {policy}, workload {workload}; 1-minute load average {min(loads):.1f}-{max(loads):.1f} "
+        f"on {os.cpu_count()} cores"
     )
-    print(f"{'variant':<26}{'wall s':>9}{'speed-up':>10}{'tokens/s':>10}{'engine idle':>13}")
+    print(
+        f"{'variant':<26}{'wall s':>9}{'vs lockstep':>13}{'vs lockstep+pt':>16}{'tokens/s':>10}{'engine idle':>13}"
+        f"{'engine steps':>14}"
+    )
     for variant, m in median.items():
         print(
-            f"{variant:<26}{m['wall_s']:>9.2f}{base / m['wall_s']:>9.2f}x{m['tokens_per_s']:>10.1f}"
-            f"{m['engine_idle_share']:>12.0%}"
+            f"{variant:<26}{m['wall_s']:>9.2f}{base / m['wall_s']:>12.2f}x{parallel / m['wall_s']:>15.2f}x"
+            f"{m['tokens_per_s']:>10.1f}{m['engine_idle_share']:>12.0%}{m.get('engine_steps', float('nan')):>14.0f}"
         )
     result = {
         "workload": {
@@ -326,9 +404,11 @@ def report(runs, out, policy: str, workload: str) -> int:
             "temperature": TEMPERATURE,
         },
         "load_average_1m_at_end": os.getloadavg()[0],
+        "load_average_1m_range": [min(loads), max(loads)],
         "cpu_count": os.cpu_count(),
         "median": median,
         "speedup_vs_lockstep": {v: base / m["wall_s"] for v, m in median.items()},
+        "speedup_vs_lockstep_parallel_tools": {v: parallel / m["wall_s"] for v, m in median.items()},
         "runs": runs,
     }
     Path(out).parent.mkdir(parents=True, exist_ok=True)

@@ -39,6 +39,15 @@ class RolloutConfig:
     max_concurrent_tools: int = field(
         default=4, metadata={"help": "Tool calls running at once (worker threads; sandbox calls are processes)."}
     )
+    engine_batch_window_s: float = field(
+        default=0.05,
+        metadata={
+            "help": "Longest a ready engine request waits for other conversations' requests, so that requests "
+            "which become ready close together are sent together and share engine steps (see "
+            "trl_gptoss.rollout.request_gate); it is sent at once when no other conversation could join. "
+            "0 = send every request as soon as it is ready."
+        },
+    )
     tool_output_max_chars: int = field(
         default=4000, metadata={"help": "Longest tool output the model sees per call (ToolResult.render)."}
     )
@@ -80,6 +89,12 @@ class RolloutConfig:
         if not isinstance(self.max_concurrent_tools, int) or self.max_concurrent_tools < 1:
             raise ValueError(
                 f"RolloutConfig.max_concurrent_tools must be a positive int, got {self.max_concurrent_tools!r}"
+            )
+        window = self.engine_batch_window_s
+        if isinstance(window, bool) or not isinstance(window, (int, float)) or not 0 <= window <= 10:
+            raise ValueError(
+                f"RolloutConfig.engine_batch_window_s must be a number of seconds in [0, 10] (0 = no grouping), "
+                f"got {window!r}"
             )
         if not isinstance(self.tool_output_max_chars, int) or self.tool_output_max_chars < 200:
             raise ValueError(

@@ -7,8 +7,10 @@ Each conversation is one asyncio task that repeats::
        as token ids (completion_mask 0)  ->  generate again
 
 so a conversation that makes one call never waits for one that makes six, and the engine keeps sampling
-while tools run. Sampled tokens are kept exactly as the engine returned them (never decoded and
-re-tokenised); only the inserted tool messages are rendered by ``trl_gptoss.harmony.render_message``.
+while tools run. Requests that become ready close together are sent together (``RequestGate``, at most
+``config.engine_batch_window_s`` of waiting), so they share engine steps. Sampled tokens are kept exactly as
+the engine returned them (never decoded and re-tokenised); only the inserted tool messages are rendered by
+``trl_gptoss.harmony.render_message``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from trl_gptoss.harmony import (
 )
 from trl_gptoss.harmony.tokens import CALL, RETURN, START
 from trl_gptoss.rollout.config import RolloutConfig, derive_seed
+from trl_gptoss.rollout.request_gate import RequestGate
 from trl_gptoss.rollout.tool_calls import ToolBox
 from trl_gptoss.rollout.types import GenerationRequest, Rollout, RolloutEngine
 from trl_gptoss.tools import ToolSet
@@ -69,8 +72,9 @@ async def arun_rollouts(
             )
     with ThreadPoolExecutor(max_workers=config.max_concurrent_tools, thread_name_prefix="rollout-tool") as pool:
         toolbox = ToolBox(toolset, executor=pool)
+        gate = RequestGate(engine, len(prompt_ids), config.engine_batch_window_s)
         conversations = [
-            _Conversation(i, ids, engine, context, codec, toolbox, config) for i, ids in enumerate(prompt_ids)
+            _Conversation(i, ids, gate, context, codec, toolbox, config) for i, ids in enumerate(prompt_ids)
         ]
         tasks = [asyncio.create_task(c.run(), name=f"rollout-{c.index}") for c in conversations]
         try:
@@ -133,8 +137,8 @@ def _prompt_ids(prompt, index: int, codec, toolset: ToolSet, config: RolloutConf
 class _Conversation:
     """The state of one rollout while it runs; ``run()`` drives it to the end and returns the ``Rollout``."""
 
-    def __init__(self, index, prompt_ids, engine, context, codec, toolbox: ToolBox, config: RolloutConfig):
-        self.index, self.prompt_ids, self.engine, self.codec = index, prompt_ids, engine, codec
+    def __init__(self, index, prompt_ids, gate: RequestGate, context, codec, toolbox: ToolBox, config: RolloutConfig):
+        self.index, self.prompt_ids, self.engine, self.codec = index, prompt_ids, gate, codec
         self.toolbox, self.config = toolbox, config
         self.sessions = toolbox.new_sessions()
         self.limit = min(config.max_completion_tokens, context - len(prompt_ids))  # completion tokens allowed
@@ -156,8 +160,11 @@ class _Conversation:
     async def run(self) -> Rollout:
         start = time.perf_counter()
         stop = None
-        while stop is None:
-            stop = await self._turn()
+        try:
+            while stop is None:
+                stop = await self._turn()
+        finally:
+            self.engine.finished()
         self.rollout.stop_reason = stop
         self.rollout.timings["total_s"] = time.perf_counter() - start
         return self.rollout
