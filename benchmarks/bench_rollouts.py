@@ -165,8 +165,11 @@ class MeteredEngine:
             self.timeline.start()
 
     async def generate(self, request):
-        event = self.timeline.gen(request.seed) if self.timeline is not None else {}
-        event["submit"] = self.timeline.now() if self.timeline is not None else 0.0
+        event = {}
+        if self.timeline is not None:
+            self.timeline.watch_loop()
+            event = self.timeline.gen(request.seed)
+            event["submit"] = self.timeline.now()
         if self.in_flight == 0:
             self.busy_since = time.perf_counter()
         self.in_flight += 1

@@ -17,6 +17,7 @@ time overlapped generation, and the critical conversation's split into generate 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -71,6 +72,26 @@ class Timeline:
         self.t0 = time.perf_counter()
         self.gens: dict[int, dict] = {}
         self.tools: list[dict] = []
+        self.stalls: list[tuple[float, float]] = []  # (when, seconds late) of the loop watcher
+        self._watched = None
+
+    def watch_loop(self) -> None:
+        """Start (once per event loop) a task that wakes every 5 ms and records how late it woke: the time the
+        loop was blocked (the GIL held by another thread, or slow work on the loop itself)."""
+        loop = asyncio.get_running_loop()
+        if getattr(self, "_watched", None) is loop:
+            return
+        self._watched = loop
+
+        async def watch():
+            while True:
+                before = time.perf_counter()
+                await asyncio.sleep(0.005)
+                late = time.perf_counter() - before - 0.005
+                if late > 0.002:
+                    self.stalls.append((before - self.t0, late))
+
+        loop.create_task(watch())
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -158,6 +179,9 @@ def summary(timeline: Timeline, wall: float, counters: dict[str, float]) -> dict
         "loop_resume_ms_mean": 1e3 * sum(resume) / max(len(resume), 1),
         "loop_resume_ms_max": 1e3 * max(resume, default=0.0),
         "cpu_s": {k.removeprefix("cpu_"): v for k, v in counters.items() if k.startswith("cpu_")},
+        "loop_stalls_over_2ms": len(timeline.stalls),
+        "loop_stalled_s": sum(late for _, late in timeline.stalls),
+        "loop_stall_max_ms": 1e3 * max((late for _, late in timeline.stalls), default=0.0),
         "tool_runs": len(timeline.tools),
         "tool_s_mean": tool_time / max(len(timeline.tools), 1),
         "tool_share_overlapping_generation": _overlap([(t["start"], t["end"]) for t in timeline.tools], busy)
