@@ -19,6 +19,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+# what accelerator.unwrap_model calls: DDP keeps the model in .module, FSDP2 shards it in place
+from accelerate.utils import extract_model_from_parallel as _unwrap
+
 from trl_gptoss.parallel.attention import register_ulysses_attention, sharded_forward
 from trl_gptoss.parallel.batching import (
     IGNORE_INDEX,
@@ -155,10 +158,6 @@ def _fsdp2_no_sync(model):
         model.set_requires_gradient_sync(True)
 
 
-def _unwrap(model):
-    return getattr(model, "module", model)  # DDP keeps the model in .module; FSDP2 modifies it in place
-
-
 def _world_size(accelerator) -> int:
     if accelerator is not None:
         return accelerator.num_processes
@@ -187,7 +186,7 @@ def prepare_context_parallel(accelerator, model, plugin: ContextParallelPlugin |
     settings raise the same ``ValueError`` on every rank instead of hanging.
     """
     plugin = plugin if plugin is not None else ContextParallelPlugin.from_env()
-    module = accelerator.unwrap_model(model) if accelerator is not None else _unwrap(model)
+    module = _unwrap(model)
     plugin.check_world(_world_size(accelerator))
     plugin.check_model(module.config)
     if getattr(module, "is_activation_checkpointing", False):

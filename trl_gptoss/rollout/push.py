@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from trl_gptoss.rollout.weight_sync import checkpoint_name, layer_key, unwrap
+from trl_gptoss.rollout.weight_sync import checkpoint_name, grouped_by_layer, layer_key, unwrap
 
 ZERO3_MESSAGE = (
     "DeepSpeed ZeRO-3 partitions parameters in a way the weight push does not gather; pushing them would send "
@@ -183,16 +183,12 @@ def _merge_into(full: torch.Tensor, adapter: _Adapter, stats: PushStats, budget:
 
 def _layer_runs(model) -> Iterator[list[tuple[str, torch.nn.Parameter]]]:
     """Consecutive ``named_parameters`` runs that share a decoder layer (adapter parameters included)."""
-    run, key = [], None
-    for name, param in model.named_parameters():
-        this = layer_key(checkpoint_name(name) or name.removeprefix("base_model.model."))
-        if run and this != key:
-            yield run
-            run = []
-        run.append((name, param))
-        key = this
-    if run:
-        yield run
+    return grouped_by_layer(model.named_parameters(), key=_run_key)
+
+
+def _run_key(name: str) -> str:
+    """``layer_key`` of a parameter name, adapter tensors (no checkpoint name) with the layer they adapt."""
+    return layer_key(checkpoint_name(name) or name.removeprefix("base_model.model."))
 
 
 def push_layers(

@@ -174,8 +174,7 @@ def unsharded_replica(model) -> torch.nn.Module:
     the device and dtype of its local shards, in eval mode; the weights are filled by ``copy_weights_into``."""
     from transformers import AutoModelForCausalLM
 
-    base = unwrap(model)
-    base = base.get_base_model() if hasattr(base, "get_base_model") else base
+    base = unwrap(model, peft=True)
     local = next(getattr(p, "to_local", lambda p=p: p)() for p in base.parameters())
     config = copy.deepcopy(base.config)
     kwargs = {"attn_implementation": config._attn_implementation}

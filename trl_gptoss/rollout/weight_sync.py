@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
@@ -21,10 +21,13 @@ _MODULES_TO_SAVE_RE = re.compile(r"\.modules_to_save\.[^.]+\.")
 _BASE_LAYER_RE = re.compile(r"(?:\.base_layer)+\.")
 
 
-def unwrap(model):
-    """The bare model under DDP / accelerate wrappers (``.module``)."""
+def unwrap(model, *, peft: bool = False):
+    """The bare model under DDP / accelerate wrappers (``.module``); with ``peft=True`` also under a PEFT
+    wrapper (``get_base_model()``: the transformers model the adapters are injected into)."""
     while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
         model = model.module
+    if peft and hasattr(model, "get_base_model"):
+        model = model.get_base_model()
     return model
 
 
@@ -58,18 +61,36 @@ def pushed_tensors(model) -> Iterator[Iterator[tuple[str, torch.Tensor]]]:
     yield push_tensors(model, to_rank=None)
 
 
-def grouped_by_layer(named: Iterator[tuple[str, torch.Tensor]]) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Consecutive runs of tensors that share a ``layer_key`` (parameters come in module order)."""
-    group, key = [], None
+def grouped_by_layer(
+    named: Iterable[tuple[str, torch.Tensor]], key: Callable[[str], str] = layer_key
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Consecutive runs of ``(name, tensor)`` whose names share a ``key`` (default ``layer_key``: parameters come
+    in module order, so a run is one decoder layer)."""
+    group, last = [], None
     for name, tensor in named:
-        this = layer_key(name)
-        if group and this != key:
+        this = key(name)
+        if group and this != last:
             yield group
             group = []
         group.append((name, tensor))
-        key = this
+        last = this
     if group:
         yield group
+
+
+def check_layout(pushed: dict[str, list[int]], served: dict[str, list[int]], where: str) -> None:
+    """Refuse a push whose checkpoint names or shapes differ from what ``where`` serves (a server URL, or the
+    in-process engine), before anything is sent; the error names the first differing parameter."""
+    for name, shape in pushed.items():
+        if name not in served:
+            raise ValueError(f"weight push: parameter {name!r} does not exist in the checkpoint {where} serves")
+        if list(served[name]) != list(shape):
+            raise ValueError(f"weight push: parameter {name!r} has shape {shape} but {where} expects {served[name]}")
+    missing = sorted(set(served) - set(pushed))
+    if missing:
+        raise ValueError(
+            f"weight push: {where} serves {missing[0]!r} which the pushed model lacks ({len(missing)} missing)"
+        )
 
 
 def copy_weights_into(target: torch.nn.Module, source) -> None:
@@ -79,21 +100,8 @@ def copy_weights_into(target: torch.nn.Module, source) -> None:
     from trl_gptoss.rollout.push import push_layers, pushed_layout
 
     params = dict(unwrap(target).named_parameters())
-    pushed = pushed_layout(source)
-    for name, shape in pushed.items():
-        if name not in params:
-            raise ValueError(f"weight push: parameter {name!r} does not exist in the engine's model")
-        if list(params[name].shape) != shape:
-            raise ValueError(
-                f"weight push: parameter {name!r} has shape {tuple(shape)} but the "
-                f"engine's model expects {tuple(params[name].shape)}"
-            )
-    missing = sorted(set(params) - set(pushed))
-    if missing:
-        raise ValueError(
-            f"weight push: the pushed model has no parameter {missing[0]!r} "
-            f"({len(missing)} engine parameters were not pushed)"
-        )
+    served = {name: list(param.shape) for name, param in params.items()}
+    check_layout(pushed_layout(source), served, "the in-process engine")
     with torch.no_grad():
         for layer in push_layers(source, to_rank=None):
             for name, tensor in layer:

@@ -22,7 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from trl_gptoss.rollout.weight_sync_vllm import check_layout, collective_rpc, reset_prefix_cache
+from trl_gptoss.rollout.weight_sync import check_layout
+from trl_gptoss.rollout.weight_sync_vllm import collective_rpc, reset_prefix_cache
 
 COUPLED_TIMEOUT = 600.0  # seconds a coupled server call may take after its broadcast was sent
 

@@ -38,6 +38,7 @@ from trl_gptoss.rollout.push import PushStats, push_layers, pushed_layout
 
 # the worker-side module imports only torch/safetensors at import time: the one rule for what reload drops
 from trl_gptoss.rollout.vllm_worker.gptoss_vllm_worker import loads_directly
+from trl_gptoss.rollout.weight_sync import check_layout
 
 _LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 PASSES = {"all": None, "reload": lambda n: not loads_directly(n), "direct": loads_directly}
@@ -47,20 +48,6 @@ def collective_rpc(engine, method: str, *args: str, timeout: float = 600.0, retr
     """Call an extension method on every vLLM worker; returns one result per worker."""
     payload = {"method": method, "args": list(args)}
     return engine.request("POST", "/collective_rpc", payload, timeout=timeout, retries=retries)["results"]
-
-
-def check_layout(pushed: dict[str, list[int]], served: dict[str, list[int]], where: str = "the server") -> None:
-    """Refuse a push whose names or shapes differ from the served checkpoint; the error names the parameter."""
-    for name, shape in pushed.items():
-        if name not in served:
-            raise ValueError(f"weight push: parameter {name!r} does not exist in the checkpoint {where} serves")
-        if list(served[name]) != list(shape):
-            raise ValueError(f"weight push: parameter {name!r} has shape {shape} but {where} expects {served[name]}")
-    missing = sorted(set(served) - set(pushed))
-    if missing:
-        raise ValueError(
-            f"weight push: {where} serves {missing[0]!r} which the pushed model lacks ({len(missing)} missing)"
-        )
 
 
 def reset_prefix_cache(engine) -> None:

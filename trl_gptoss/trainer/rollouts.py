@@ -129,7 +129,10 @@ class RolloutBackend:
         if main:
             tokenizer.save_pretrained(path)
             self.server = VLLMServer(
-                path, max_model_len=args.rollout_max_model_len, startup_timeout=args.rollout_server_timeout
+                path,
+                max_model_len=args.rollout_max_model_len,
+                startup_timeout=args.rollout_server_timeout,
+                remove_on_exit=[path],  # the model copy goes with the server, even if this process is killed
             )
             try:
                 self.server.start()
@@ -179,8 +182,7 @@ def save_merged_checkpoint(model, path: Path | None) -> None:
         del layer
     if path is None:
         return
-    base = unwrap(model)
-    base = base.get_base_model() if hasattr(base, "get_base_model") else base
+    base = unwrap(model, peft=True)
     config = copy.deepcopy(base.config)
     config.architectures = [type(base).__name__]  # what vLLM picks the model class (and its tasks) by
     config.save_pretrained(path)

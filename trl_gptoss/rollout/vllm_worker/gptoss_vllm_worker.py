@@ -7,12 +7,13 @@ vLLM. Its methods are mixed into the worker class and called over ``/collective_
 Why not just ``model_runner.reload_weights``: vLLM's layerwise reload parks every layer's tensors on the meta
 device and only re-materialises layers whose parameter ``weight_loader`` was called. GPT-OSS's ``load_weights``
 writes the attention sinks and the expert tensors with a plain ``param.copy_`` (no ``weight_loader``), so during
-a reload those writes land on meta tensors and are lost: the server keeps the OLD sinks and experts (measured:
-sinks 1.5e-2, experts 1.29 off). And the CPU MoE kernel re-packs w13/w2 into its grouped-GEMM layout only when
-the model is first loaded (``_setup_kernel`` skips it on weight updates), so experts written in place must be
-re-packed here. So: non-sink, non-expert tensors go through ``reload_weights`` (which re-runs each layer's
-weight processing, e.g. the oneDNN packing of Linear weights), then sinks and experts through ``load_weights``
-into the live parameters, then expert weights are re-packed with the kernel's own ISA.
+a reload those writes land on meta tensors and are lost: the server keeps the OLD sinks and experts. And the
+CPU MoE kernel re-packs w13/w2 into its grouped-GEMM layout only when the model is first loaded
+(``_setup_kernel`` skips it on weight updates), so experts written in place must be re-packed here. So:
+non-sink, non-expert tensors go through ``reload_weights`` (which re-runs each layer's weight processing, e.g.
+the oneDNN packing of Linear weights), then sinks and experts through ``load_weights`` into the live
+parameters, then expert weights are re-packed with the kernel's own ISA. Measurements: docs/rollouts.md
+("Weight sync").
 """
 
 from __future__ import annotations
