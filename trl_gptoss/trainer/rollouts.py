@@ -129,7 +129,10 @@ class RolloutBackend:
         if main:
             tokenizer.save_pretrained(path)
             self.server = VLLMServer(
-                path, max_model_len=args.rollout_max_model_len, startup_timeout=args.rollout_server_timeout
+                path,
+                max_model_len=args.rollout_max_model_len,
+                startup_timeout=args.rollout_server_timeout,
+                remove_on_exit=[path],  # the model copy goes with the server, even if this process is killed
             )
             try:
                 self.server.start()
