@@ -412,7 +412,10 @@ def report(runs, out, policy: str, workload: str) -> int:
         "median": median,
         "speedup_vs_lockstep": {v: base / m["wall_s"] for v, m in median.items()},
         "speedup_vs_lockstep_parallel_tools": {v: parallel / m["wall_s"] for v, m in median.items()},
-        "runs": runs,
+        "runs": {  # per-run summaries; the raw timeline events stay out of the file (--timeline prints them)
+            v: [{**r, "timeline": {k: x for k, x in r["timeline"].items() if k != "events"}} for r in rs]
+            for v, rs in runs.items()
+        },
     }
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(result, indent=2))

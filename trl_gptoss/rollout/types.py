@@ -92,7 +92,8 @@ class Rollout:
     (a call in the last allowed turn), ``length`` (token budget or context full), ``parse_error`` (the
     turn's last message is not readable Harmony). ``num_tool_errors`` counts calls whose reply is an error
     (unknown tool, bad arguments, the tool raised, the sandboxed program failed). ``errors`` describes
-    each tool error and parse problem. ``timings``: ``generate_s`` (awaiting the engine), ``tool_s``
+    each tool error and parse problem. ``timings``: ``generate_s`` (awaiting the engine, including the wait
+    for other conversations' requests, ``RolloutConfig.engine_batch_window_s``), ``tool_s``
     (awaiting tools, queueing included), ``total_s``, in seconds.
     """
 
