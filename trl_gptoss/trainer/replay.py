@@ -9,12 +9,7 @@ from __future__ import annotations
 import torch
 
 from trl_gptoss.experts.routing import RoutingRecord, record_routing, replay_routing
-
-
-def _bare(model):
-    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
-        model = model.module
-    return model
+from trl_gptoss.rollout.weight_sync import unwrap
 
 
 class RoutingReplay:
@@ -55,4 +50,4 @@ class RoutingReplay:
         """Context manager: the forward inside routes ``[b, L]`` tokens exactly as recorded."""
         rows, length, layers, top_k = routing_indices.shape
         per_layer = [routing_indices[:, :, layer].reshape(rows * length, top_k) for layer in range(layers)]
-        return replay_routing(model, RoutingRecord.from_layer_indices(_bare(model), per_layer))
+        return replay_routing(model, RoutingRecord.from_layer_indices(unwrap(model), per_layer))

@@ -26,6 +26,7 @@ from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
 import trl_gptoss  # noqa: F401  (registers fa3_sink and gptoss_sequential)
+from trl_gptoss.rollout.weight_sync import unwrap
 from trl_gptoss.trainer.checks import as_conversation, check_dataset, checked_reward, required_reward_columns
 from trl_gptoss.trainer.config import GptOssGRPOConfig
 from trl_gptoss.trainer.correction import finalize_metrics, masked_log_ratio, mismatch_stats, rollout_correction
@@ -123,8 +124,7 @@ class GptOssGRPOTrainer(GRPOTrainer):
         if args.logprobs_implementation == "selective_logprobs":
             for model_ in (self.model, self.ref_model):
                 if model_ is not None:  # TRL's fused head was added to the bare model; ours replaces it there
-                    bare = model_.get_base_model() if hasattr(model_, "get_base_model") else model_
-                    add_selective_logprobs_head(bare, self.temperature, args.cast_lm_head_to_fp32)
+                    add_selective_logprobs_head(unwrap(model_, peft=True), self.temperature, args.cast_lm_head_to_fp32)
         self.sp_loss = (
             SequenceParallelLoss(check_sequence_parallel(args, self.model.config)) if args.sp_size > 1 else None
         )
