@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass
 
 from trl_gptoss.demo.task import ArithmeticProblem
-from trl_gptoss.harmony import Message, render_conversation
+from trl_gptoss.harmony import HarmonyCodec, Message, codec_for, render_conversation
 from trl_gptoss.tools import ToolResult
 
 TOOL_ANALYSIS = "Exact arithmetic: use python."
@@ -39,6 +39,25 @@ class TokenizedDemonstration:
     input_ids: list[int]
     loss_mask: list[int]
     kind: str
+
+
+class MemoisedCodec(HarmonyCodec):
+    """``tokenizer``'s Harmony codec (same backend, no copy) whose ``encode_text`` remembers every text.
+
+    ``tokenize_demonstration`` renders each prefix of a conversation, so the same system, developer and user
+    texts are encoded ~8 times per demonstration (~66 backend calls); encoding is a pure function of the text,
+    so remembering it gives the same ids with a handful of calls. Pass it wherever a tokenizer is taken.
+    """
+
+    def __init__(self, tokenizer):
+        self.__dict__.update(vars(codec_for(tokenizer)))
+        self._encoded: dict[str, tuple[int, ...]] = {}
+
+    def encode_text(self, text: str) -> list[int]:
+        ids = self._encoded.get(text)
+        if ids is None:
+            ids = self._encoded[text] = tuple(super().encode_text(text))
+        return list(ids)
 
 
 def tool_message(stdout: str, channel: str = "analysis") -> Message:

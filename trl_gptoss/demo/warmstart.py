@@ -15,7 +15,12 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from trl_gptoss.demo.demonstrations import TokenizedDemonstration, completion_messages, tokenize_demonstration
+from trl_gptoss.demo.demonstrations import (
+    MemoisedCodec,
+    TokenizedDemonstration,
+    completion_messages,
+    tokenize_demonstration,
+)
 from trl_gptoss.demo.task import make_problems
 
 
@@ -47,13 +52,14 @@ def demonstrations(
     """Tokenised demonstrations; their problems come from a seed stream disjoint from the RL prompts'."""
     from trl_gptoss.data.formats import retool_row
 
+    codec = MemoisedCodec(tokenizer)  # the shared system/developer texts are encoded once, not per prefix
     rng = random.Random(config.seed)
     problems = make_problems(config.num_demonstrations, seed=config.seed + prompt_seed_offset)
     out = []
     for problem in problems:
         kind = "tool" if rng.random() < config.tool_fraction else "guess"
         prompt = retool_row(problem.question, str(problem.answer))["prompt"]
-        out.append(tokenize_demonstration(prompt, completion_messages(problem, kind, rng), tokenizer, kind=kind))
+        out.append(tokenize_demonstration(prompt, completion_messages(problem, kind, rng), codec, kind=kind))
     return out
 
 
