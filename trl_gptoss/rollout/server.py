@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -75,6 +76,18 @@ def vllm_python() -> Path:
         f"no vLLM interpreter found (looked at ${VLLM_PYTHON_ENV}, this interpreter on CUDA, and "
         f"{_REPO_ROOT / '.venv-vllm'}); create the CPU one with `make setup-vllm`"
     )
+
+
+def health_status(base_url: str, timeout: float):
+    """The HTTP status of ``GET base_url/health`` (200: serving), or the ``OSError`` that prevented an answer:
+    the one probe every caller (start-up wait, trainer checks, engines) uses."""
+    try:
+        with urllib.request.urlopen(f"{base_url.rstrip('/')}/health", timeout=timeout) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError as exc:
+        return exc
 
 
 def free_port() -> int:
@@ -293,9 +306,8 @@ class VLLMServer:
                 raise RuntimeError(
                     f"vLLM server exited with {self.process.returncode} during start-up:\n{self.log_tail()}"
                 )
-            with contextlib.suppress(OSError), urllib.request.urlopen(f"{self.base_url}/health", timeout=5) as r:
-                if r.status == 200:
-                    return
+            if health_status(self.base_url, timeout=5) == 200:
+                return
             time.sleep(1.0)
         raise TimeoutError(f"vLLM server not healthy after {self.startup_timeout:.0f}s:\n{self.log_tail()}")
 

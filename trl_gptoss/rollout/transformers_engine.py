@@ -91,12 +91,7 @@ class TransformersEngine:
 
     # -- batching ---------------------------------------------------------------------------------------
     def _check(self, request: GenerationRequest) -> None:
-        total = len(request.prompt_ids) + request.max_new_tokens
-        if total > self.max_model_len:
-            raise ValueError(
-                f"prompt ({len(request.prompt_ids)} tokens) + max_new_tokens "
-                f"({request.max_new_tokens}) = {total} exceeds max_model_len={self.max_model_len}"
-            )
+        request.check_fits(self.max_model_len)
         bad = [t for t in request.prompt_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the model's vocabulary [0, {self.vocab_size})")

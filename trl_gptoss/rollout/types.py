@@ -42,6 +42,15 @@ class GenerationRequest:
         if not 0 < self.top_p <= 1:
             raise ValueError(f"GenerationRequest.top_p must be in (0, 1], got {self.top_p}")
 
+    def check_fits(self, max_model_len: int) -> None:
+        """Raise when prompt + ``max_new_tokens`` exceeds an engine's context (every engine asks the same)."""
+        total = len(self.prompt_ids) + self.max_new_tokens
+        if total > max_model_len:
+            raise ValueError(
+                f"prompt ({len(self.prompt_ids)} tokens) + max_new_tokens "
+                f"({self.max_new_tokens}) = {total} exceeds max_model_len={max_model_len}"
+            )
+
 
 @dataclass(frozen=True)
 class Generation:

@@ -137,10 +137,9 @@ class VLLMServerEngine:
 
     def health(self) -> bool:
         """``True`` when ``/health`` answers 200 within ``connect_timeout`` (no retries)."""
-        try:
-            return self._session().get(f"{self.base_url}/health", timeout=self.connect_timeout).status_code == 200
-        except requests.RequestException:
-            return False
+        from trl_gptoss.rollout.server import health_status
+
+        return health_status(self.base_url, self.connect_timeout) == 200
 
     def score(self, token_ids) -> list[float]:
         """The served model's log-prob of each token of ``token_ids`` given the ones before it (temperature 1):
@@ -161,12 +160,7 @@ class VLLMServerEngine:
 
     # -- RolloutEngine ----------------------------------------------------------------------------------
     def generate_sync(self, request: GenerationRequest) -> Generation:
-        total = len(request.prompt_ids) + request.max_new_tokens
-        if total > self.max_model_len:
-            raise ValueError(
-                f"prompt ({len(request.prompt_ids)} tokens) + max_new_tokens "
-                f"({request.max_new_tokens}) = {total} exceeds max_model_len={self.max_model_len}"
-            )
+        request.check_fits(self.max_model_len)
         answer = self.request("POST", "/v1/completions", completion_payload(self.model, request))
         (choice,) = answer["choices"]
         return generation_from_choice(choice)

@@ -13,7 +13,6 @@ import contextlib
 import logging
 import os
 import tempfile
-import urllib.request
 from pathlib import Path
 
 from trl_gptoss.rollout.config import RolloutConfig, derive_seed
@@ -50,15 +49,12 @@ def check_server(base_url, timeout: float = 10.0) -> None:
     """Raise at construction when a rollout server does not answer ``GET /health`` with 200. ``base_url``: one
     URL, a comma-separated string or a list; the error names the entry that failed."""
     from trl_gptoss.rollout.multi_server import server_urls
+    from trl_gptoss.rollout.server import health_status
 
     for url in server_urls(base_url):
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=timeout) as response:
-                if response.status == 200:
-                    continue
-                status = response.status
-        except OSError as exc:
-            status = exc
+        status = health_status(url, timeout)
+        if status == 200:
+            continue
         raise ValueError(
             f"rollout_server_url entry {url!r} does not answer GET /health ({status}); start the server "
             "(`trl-gptoss vllm-serve ...`), drop it from the list, or set rollout_server_url=None to start one"
