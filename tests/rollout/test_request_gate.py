@@ -43,9 +43,10 @@ class Arrivals:
         return await self.engine.generate(request)
 
 
-def _run(tok, turns, window, tools=(NapTool(),)):
+def _run(tok, turns, window, tools=None):
+    tools = [NapTool()] if tools is None else list(tools)
     convs = [(user(f"Task {i}"), t) for i, t in enumerate(turns)]
-    engine = Arrivals(scripted(tok, convs, tools=list(tools)))
+    engine = Arrivals(scripted(tok, convs, tools=tools))
     config = RolloutConfig(engine_batch_window_s=window)
     start = time.perf_counter()
     rollouts = run_rollouts(engine, [c[0] for c in convs], tokenizer=tok, tools=list(tools), config=config)

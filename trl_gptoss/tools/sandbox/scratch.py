@@ -7,8 +7,8 @@ process may mount (root with ``CAP_SYS_ADMIN``), it mounts each tmpfs itself wit
 ``nr_inodes=``, private (no mount propagation), under a 0700 staging directory; bubblewrap's new mount
 namespace starts with a copy of the host's mounts, from which it binds them (``--bind``), and the host
 unmounts its own copies as soon as bubblewrap has created that namespace (``--info-fd``), milliseconds
-after mounting them, and removes their directories after the call. Elsewhere the call gets bubblewrap's ``--tmpfs`` (size only; see
-``docs/tools_and_rewards.md``).
+after mounting them, and removes their directories after the call. Elsewhere the call gets bubblewrap's
+``--tmpfs`` (size only; see ``docs/tools_and_rewards.md``).
 """
 
 from __future__ import annotations
