@@ -24,6 +24,8 @@ from trl_gptoss.rewards import (
 )
 from trl_gptoss.testing.hostile_completions import ALL_CONSTRAINTS, CRASHES_AND_STALLS, FALSE_POSITIVES
 
+# CPU seconds, not wall: the suite shares 2 cores with vLLM servers and gloo workers, and a stall is work
+# the reward does, not time it waits for a core.
 STALL_BUDGET_S = 1.0
 TRUTHS = ["33", "1/3", "\\frac{\\pi}{2}", "1e5", "-0.25", "1170"]
 
@@ -38,9 +40,9 @@ def _score_everything(completion: str) -> list:
     ]
     rewards = []
     for call in calls:
-        start = time.perf_counter()
+        start = time.process_time()
         out = call()
-        elapsed = time.perf_counter() - start
+        elapsed = time.process_time() - start
         assert elapsed < STALL_BUDGET_S, f"{elapsed:.2f} s for a {len(completion)}-character completion"
         assert all(isinstance(r, float) for r in out), out
         rewards += out
@@ -220,13 +222,13 @@ def test_property_every_reward_is_a_float_within_budget(completion):
 @settings(max_examples=300, **_SETTINGS)
 @given(st.one_of(_RUN, _COMPLETION, st.text()), st.sampled_from(TRUTHS))
 def test_property_answer_helpers_are_total(text, truth):
-    start = time.perf_counter()
+    start = time.process_time()
     answer = extract_final_answer(text, fallback_to_last_number=True)
     assert answer is None or isinstance(answer, str)
     assert isinstance(answers_match(answer, truth), bool)
     assert isinstance(answers_match(text, truth), bool) and isinstance(answers_match(truth, text), bool)
     assert parse_number(text) is None or parse_number(text)[0] is not None
-    assert time.perf_counter() - start < STALL_BUDGET_S
+    assert time.process_time() - start < STALL_BUDGET_S
 
 
 def test_last_boxed_reads_at_most_max_answer_chars():
