@@ -89,20 +89,24 @@ class MemorySampler(threading.Thread):
         self.peak_rss = self.peak_pss = 0
         self.peak_at = 0.0
         self.per_process: dict[str, int] = {}
+        self.at_peak: dict[str, int] = {}  # PSS of every process of the tree when the summed PSS peaked
         self.stop_event = threading.Event()
         self.start_time = time.perf_counter()
 
     def run(self) -> None:
         while not self.stop_event.is_set():
             total_rss = total_pss = 0
+            snapshot = {}
             for pid in _tree_pids(self.root):
                 rss, pss = _memory_kib(pid)
                 total_rss += rss
                 total_pss += pss
                 name = _cmdline(pid)
                 self.per_process[name] = max(self.per_process.get(name, 0), rss)
+                snapshot[f"{pid} {name}"] = pss
             if total_pss > self.peak_pss:
                 self.peak_pss, self.peak_at = total_pss, time.perf_counter() - self.start_time
+                self.at_peak = snapshot
             self.peak_rss = max(self.peak_rss, total_rss)
             self.stop_event.wait(self.every_s)
 
@@ -179,6 +183,7 @@ def run_job(job_args: list[str], sample_s: float, log_path: Path | None) -> dict
         "peak_pss_gib": round(sampler.peak_pss / 2**20, 2),
         "peak_pss_at_s": round(sampler.peak_at, 1),
         "peak_rss_by_process_mib": {k: round(v / 1024) for k, v in sorted(sampler.per_process.items()) if v > 50_000},
+        "pss_at_peak_mib": {k: round(v / 1024) for k, v in sorted(sampler.at_peak.items(), key=lambda kv: -kv[1])},
         "load_1min": {"min": min(loads), "max": max(loads), "mean": round(statistics.fmean(loads), 2)},
     }
 
