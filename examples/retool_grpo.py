@@ -4,7 +4,7 @@ One script from a 2-core laptop to many GPU nodes; the YAML picks the scale. Eve
 every JobArguments field (trl_gptoss/scripts/grpo_arguments.py) can be set in the YAML or overridden on the command
 line (``--learning_rate 5e-7``). Bad configs fail before any model loads, with what to change.
 
-CPU, no GPU, no downloads (what ``make demo`` runs; ~17 min on 2 cores: 6 min warm-start, 15 GRPO steps of ~45-60 s):
+CPU, no GPU, no downloads (what ``make demo`` runs; ~9 min on 2 cores: 5.5 min warm-start, 15 GRPO steps of ~12 s):
 
     accelerate launch --cpu --num_processes 1 examples/retool_grpo.py \
         --config examples/configs/retool_cpu_demo.yaml
