@@ -52,7 +52,9 @@ def test_every_scratch_tmpfs_stops_at_its_inode_cap(sandbox):
     lines = [line.split() for line in result.stdout.splitlines()]
     assert [line[0] for line in lines] == ["/tmp", "/dev/shm", "/mnt/data"]
     for directory, count, reason in lines:
-        assert reason == "ENOSPC" and FILES - 8 <= int(count) < FILES, (directory, count, reason)
+        # The cap, not the loop bound: the exact count varies by a few dozen (the sandbox's own /tmp/work files;
+        # kernels >= 6.6 charge tmpfs inode space per entry, names and xattrs included: 509 here, 496 in a CI run).
+        assert reason == "ENOSPC" and FILES // 2 <= int(count) < FILES, (directory, count, reason)
 
 
 @namespaces_only
