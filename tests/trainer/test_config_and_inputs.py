@@ -144,7 +144,7 @@ def test_server_url_list_is_kept_and_a_string_becomes_one():
         (dict(rollout_correction="tis"), "rollout_correction"),
         (dict(rollout_is_threshold=-1.0), "clip_max"),
         (dict(rollout_rs_threshold=0.5), "threshold"),
-        (dict(routing_replay=True), "strictly on-policy"),
+        (dict(routing_replay=True), "nothing to replay"),
         (dict(use_vllm=True), "rollout_backend"),
         (dict(sp_size=3), "sp_size"),
     ],

