@@ -2,9 +2,11 @@
 
 Every process (each rank of a training job) talks to the server itself; nothing is gathered to rank 0 and no
 process assumes anything about the others, so processes that make different numbers of tool calls never
-exchange continuations. Requests run on a thread pool, each thread reusing one keep-alive
-``requests.Session``; every call has a connect and a read timeout and is retried with exponential backoff on
-connection errors, timeouts and 5xx answers. When the server stays unreachable the error names its URL.
+exchange continuations. ``generate`` (what rollouts await) sends its request from the event loop itself over
+kept-alive connections (``http_async``), so no thread carries requests out and back; the blocking calls
+(``generate_sync``, ``score``, the start-up query, weight pushes) use one ``requests.Session`` per thread. Both
+paths give every call a connect and a read timeout and retry it with exponential backoff on connection
+errors, timeouts, cut-short answers and 5xx answers. When the server stays unreachable the error names its URL.
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
+from trl_gptoss.rollout.http_async import AsyncHTTPClient, HTTPTransportError
 from trl_gptoss.rollout.types import Generation, GenerationRequest
 
 
@@ -65,7 +67,8 @@ class VLLMServerEngine:
     one HTTP call in seconds; ``connect_timeout`` for opening a connection; ``max_retries`` extra attempts,
     ``backoff * 2**i`` seconds apart. A call therefore fails within about
     ``(max_retries + 1) * (connect_timeout + timeout) + backoff * 2**max_retries`` seconds.
-    ``max_concurrency``: requests in flight at once from this process (the thread pool's size).
+    ``max_concurrency``: ``generate`` requests in flight at once from one event loop (its connections to the
+    server); more wait for a free connection.
     """
 
     def __init__(
@@ -85,7 +88,7 @@ class VLLMServerEngine:
         self.timeout, self.connect_timeout = timeout, connect_timeout
         self.max_retries, self.backoff = max_retries, backoff
         self._local = threading.local()
-        self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="vllm-http")
+        self._http = AsyncHTTPClient(self.base_url, connect_timeout=connect_timeout, max_connections=max_concurrency)
         served = self.request("GET", "/v1/models")["data"]
         if model is None and len(served) != 1:
             raise ValueError(f"{self.base_url} serves {[m['id'] for m in served]}; pass model=")
@@ -111,7 +114,7 @@ class VLLMServerEngine:
         timeout: float | None = None,
         retries: int | None = None,
     ):
-        """One JSON call with retries (``retries``, default ``max_retries``; 0 for calls that must not be
+        """One blocking JSON call with retries (``retries``, default ``max_retries``; 0 for calls that must not be
         repeated, e.g. one coupled to an NCCL broadcast); returns the decoded body (``None`` when empty)."""
         url = f"{self.base_url}{path}"
         last_error = None
@@ -127,12 +130,28 @@ class VLLMServerEngine:
                 last_error = f"{type(exc).__name__}: {exc}"
                 self._local.__dict__.pop("session", None)  # a broken keep-alive connection is not reused
                 continue
-            if response.status_code >= 500:
-                last_error = f"HTTP {response.status_code}: {response.text[:500]}"
+            last_error = _server_error(url, response.status_code, response.text)
+            if last_error is None:
+                return response.json() if response.content else None
+        raise VLLMServerError(f"vLLM server at {url} failed after {attempts} attempt(s): {last_error}")
+
+    async def arequest(self, method: str, path: str, payload: dict | None = None, *, timeout: float | None = None):
+        """``request`` from the running event loop (``http_async``: no thread), with the same timeouts and
+        ``max_retries`` retries."""
+        url = f"{self.base_url}{path}"
+        last_error = None
+        attempts = self.max_retries + 1
+        for attempt in range(attempts):
+            if attempt:
+                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+            try:
+                response = await self._http.request(method, path, payload, timeout=timeout or self.timeout)
+            except HTTPTransportError as exc:
+                last_error = str(exc)
                 continue
-            if response.status_code >= 400:
-                _raise_client_error(url, response)
-            return response.json() if response.content else None
+            last_error = _server_error(url, response.status, response.text)
+            if last_error is None:
+                return response.json()
         raise VLLMServerError(f"vLLM server at {url} failed after {attempts} attempt(s): {last_error}")
 
     def health(self) -> bool:
@@ -166,7 +185,14 @@ class VLLMServerEngine:
         return generation_from_choice(choice)
 
     async def generate(self, request: GenerationRequest) -> Generation:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self.generate_sync, request)
+        request.check_fits(self.max_model_len)
+        answer = await self.arequest("POST", "/v1/completions", completion_payload(self.model, request))
+        (choice,) = answer["choices"]
+        return generation_from_choice(choice)
+
+    async def aclose(self) -> None:
+        """Close the running event loop's connections now (they are closed anyway when the loop ends)."""
+        await self._http.aclose()
 
     def pusher(self):
         """This server's weight pusher (HTTP on CPU, NCCL on GPU), built on first use (it reads the served
@@ -185,16 +211,26 @@ class VLLMServerEngine:
         push_model(lambda: [self.pusher()], model)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._http.close()
+        session = self._local.__dict__.pop("session", None)
+        if session is not None:
+            session.close()
         if self._weight_sync is not None:
             self._weight_sync.close()
 
 
-def _raise_client_error(url: str, response) -> None:
-    detail = response.text[:1000]
-    if response.status_code == 400 and "max" in detail and ("context" in detail or "length" in detail):
+def _server_error(url: str, status: int, text: str) -> str | None:
+    """``None`` for a success; the retryable error of a 5xx answer; raises for a 4xx answer (a request the
+    server refuses is not repeated): ``ValueError`` when it is too long for the context, else
+    ``VLLMServerError``, both naming the URL, the status and the server's message."""
+    if status < 400:
+        return None
+    if status >= 500:
+        return f"HTTP {status}: {text[:500]}"
+    detail = text[:1000]
+    if status == 400 and "max" in detail and ("context" in detail or "length" in detail):
         raise ValueError(f"vLLM server at {url} rejected the request as too long: {detail}")
-    raise VLLMServerError(f"vLLM server at {url} answered HTTP {response.status_code}: {detail}")
+    raise VLLMServerError(f"vLLM server at {url} answered HTTP {status}: {detail}")
 
 
 def _logprob_of(token: int, entry: dict, url: str) -> float:
