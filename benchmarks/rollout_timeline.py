@@ -4,15 +4,16 @@ Events (seconds since the run started):
 
 - ``gen``: one ``engine.generate`` call as the loop sees it: ``submit`` (the loop called it), ``sent`` (the
   HTTP engine was called; later than ``submit`` only when a wrapper awaits first), ``http_start`` /
-  ``http_end`` (a worker thread sent the request / got the answer), ``done`` (the loop resumed with it),
+  ``http_end`` (the HTTP call started / its answer was read), ``done`` (the loop resumed with it),
   ``conversation`` and ``turn`` (from the request's seed), ``tokens`` sampled, ``prompt`` length;
 - ``tool``: one sandbox run: ``start`` / ``end`` on its worker thread;
 - ``engine``: vLLM's own counters over the run (``/metrics``): engine steps, prompt tokens computed and
   served from the prefix cache, generation tokens.
 
-``summary`` turns them into the numbers that say where a variant loses time: executor queueing
-(``http_start - submit``), loop resume lag (``done - http_end``), sequences per engine step, how much tool
-time overlapped generation, and the critical conversation's split into generate / tool / waiting.
+``summary`` turns them into the numbers that say where a variant loses time: time between the engine call
+and its HTTP call (``http_start - submit``: wrappers and waiting for a free connection), loop resume lag
+(``done - http_end``), sequences per engine step, how much tool time overlapped generation, and the critical
+conversation's split into generate / tool / waiting.
 """
 
 from __future__ import annotations
@@ -103,19 +104,19 @@ class Timeline:
 
 
 def instrument_http(engine, timeline: Timeline) -> None:
-    """Record each HTTP call's start and end on its worker thread (wraps the engine instance's
-    ``generate_sync``; the benchmark owns the engine)."""
-    inner = engine.generate_sync
+    """Record when each generation's HTTP call starts (a connection is free and the request is written) and
+    when its answer is decoded: wraps the engine instance's ``arequest`` (the benchmark owns the engine)."""
+    inner = engine.arequest
 
-    def generate_sync(request):
-        event = timeline.gen(request.seed)
+    async def arequest(method, path, payload=None, **kwargs):
+        event = timeline.gen(payload.get("seed")) if isinstance(payload, dict) else {}
         event["http_start"] = timeline.now()
         try:
-            return inner(request)
+            return await inner(method, path, payload, **kwargs)
         finally:
             event["http_end"] = timeline.now()
 
-    engine.generate_sync = generate_sync
+    engine.arequest = arequest
     outer = engine.generate
 
     async def generate(request):
@@ -174,8 +175,8 @@ def summary(timeline: Timeline, wall: float, counters: dict[str, float]) -> dict
         "generation_tokens_per_step": counters.get("generation_tokens", 0.0) / steps if steps else None,
         "prompt_tokens": counters.get("prompt_tokens"),
         "cached_prompt_tokens": counters.get("cached_prompt_tokens"),
-        "executor_queue_ms_mean": 1e3 * sum(queue) / max(len(queue), 1),
-        "executor_queue_ms_max": 1e3 * max(queue, default=0.0),
+        "http_queue_ms_mean": 1e3 * sum(queue) / max(len(queue), 1),
+        "http_queue_ms_max": 1e3 * max(queue, default=0.0),
         "loop_resume_ms_mean": 1e3 * sum(resume) / max(len(resume), 1),
         "loop_resume_ms_max": 1e3 * max(resume, default=0.0),
         "cpu_s": {k.removeprefix("cpu_"): v for k, v in counters.items() if k.startswith("cpu_")},
