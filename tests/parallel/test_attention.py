@@ -11,6 +11,7 @@ from gptoss_kernels import sink_attention_ref
 from tests.parallel._workers import build_model, grpo_loss_fn, make_batch, reference_step
 from trl_gptoss.parallel import (
     ContextParallelPlugin,
+    HeadConfig,
     prepare_context_parallel,
     sharded_forward,
     ulysses_attention_forward,
@@ -78,16 +79,24 @@ def test_sharded_forward_refuses_padding_masks_missing_positions_and_caches():
         )
 
 
+@pytest.mark.parametrize("tempered", [False, True], ids=["plain", "T0.7-entropy-bonus"])
 @pytest.mark.parametrize("inner", ["eager", "fa3_sink"])
-def test_owner_loop_at_sp1_matches_per_document_float64(inner):
-    """sp = 1 runs the same wrapper without collectives: packed rows must equal each document run alone."""
+def test_owner_loop_at_sp1_matches_per_document_float64(inner, tempered):
+    """sp = 1 runs the same wrapper without collectives: packed rows must equal each document run alone
+    (tempered: log-probs and entropies of softmax(logits / 0.7), entropy bonus, 5-row tiles)."""
     batch = make_batch(seed=7)
-    ref_losses, _, ref_grads, ref_logps = reference_step(torch.float64, [batch], world=1)
+    head, coef = (HeadConfig(temperature=0.7, entropy_grad=True, chunk_size=5), 0.05) if tempered else (HeadConfig(), 0)
+    ref_losses, _, ref_grads, ref_logps, ref_entropies = reference_step(torch.float64, [batch], 1, head, coef)
     model = build_model(torch.float64)
-    runner = prepare_context_parallel(None, model, ContextParallelPlugin(sp_size=1, inner_attention=inner))
-    result = runner.forward_backward(batch[0], batch[1], grpo_loss_fn(batch[2], batch[3]))
+    plugin = ContextParallelPlugin(sp_size=1, inner_attention=inner)
+    runner = prepare_context_parallel(None, model, plugin, head)
+    result = runner.forward_backward(batch[0], batch[1], grpo_loss_fn(batch[2], batch[3], coef))
     torch.testing.assert_close(result.loss, ref_losses[0], atol=1e-12, rtol=0)
-    torch.testing.assert_close(runner.score(batch[0], batch[1]), ref_logps[0], atol=1e-12, rtol=0)
+    scored = runner.score(batch[0], batch[1])
+    torch.testing.assert_close(scored[0] if tempered else scored, ref_logps[0], atol=1e-12, rtol=0)
+    if tempered:
+        torch.testing.assert_close(result.token_entropies, ref_entropies[0], atol=1e-12, rtol=0)
+        torch.testing.assert_close(scored[1], ref_entropies[0], atol=1e-12, rtol=0)
     for name, param in model.named_parameters():
         torch.testing.assert_close(param.grad, ref_grads[name], atol=1e-12, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-from trl_gptoss.parallel import ContextParallelPlugin, prepare_context_parallel
+from trl_gptoss.parallel import ContextParallelPlugin, HeadConfig, prepare_context_parallel
 from trl_gptoss.testing import tiny_gpt_oss, tiny_gpt_oss_config
 
 
@@ -85,3 +86,48 @@ def test_prepare_refuses_gradient_checkpointing():
     model.gradient_checkpointing_enable()
     with pytest.raises(ValueError, match="disable it"):
         prepare_context_parallel(None, model, ContextParallelPlugin(sp_size=1))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("temperature", 0.0, "temperature must be a positive finite number, got 0.0"),
+        ("temperature", float("inf"), "temperature must be a positive finite number"),
+        ("temperature", True, "temperature must be a positive finite number"),
+        ("chunk_size", 0, "chunk_size must be a positive int or None, got 0"),
+        ("chunk_size", 2.5, "chunk_size must be a positive int or None"),
+    ],
+)
+def test_head_config_names_the_bad_field(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        HeadConfig(**{field: value})
+
+
+def test_entropy_grad_implies_entropies():
+    assert HeadConfig(entropy_grad=True).entropy
+
+
+def test_prepare_refuses_an_adapter_on_lm_head():
+    """The sharded head reads lm_head.weight; a LoRA layer there would be skipped, so it is refused by name."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny_gpt_oss(), LoraConfig(r=2, target_modules=["lm_head", "q_proj"]))
+    with pytest.raises(
+        ValueError, match=r"lm_head is a peft\.tuners\.lora\..*Linear; leave lm_head out of the adapter targets"
+    ):
+        prepare_context_parallel(None, model, ContextParallelPlugin(sp_size=1))
+
+
+def test_prepare_accepts_lora_elsewhere_and_restores_forward():
+    """LoRA on attention only: the runner's per-token values go through PEFT's wrapper; the bare model's
+    forward is the class's again afterwards."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny_gpt_oss(), LoraConfig(r=2, target_modules=["q_proj"])).train()
+    runner = prepare_context_parallel(None, model, ContextParallelPlugin(sp_size=1))
+    ids = torch.randint(0, 512, (2, 9))
+    result = runner.forward_backward(ids, None, lambda logps: logps.sum())
+    plain = torch.log_softmax(model(input_ids=ids).logits[:, :-1].float(), dim=-1)
+    torch.testing.assert_close(result.token_logps[:, 1:], plain.gather(-1, ids[:, 1:, None])[..., 0])
+    assert any(p.grad is not None for n, p in model.named_parameters() if "lora_" in n)
+    assert "forward" not in model.get_base_model().__dict__

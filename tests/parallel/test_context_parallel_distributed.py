@@ -17,12 +17,15 @@ from trl_gptoss.testing.distributed import launch
 pytestmark = pytest.mark.distributed
 
 TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
-METRICS = ("loss", "logits", "grad_sinks", "grad_attention", "grad_other", "score")
+METRICS = ("loss", "logits", "logps", "entropy", "grad_sinks", "grad_attention", "grad_other", "score")
+# temperature 0.7, entropy bonus 0.05 (entropies carry gradient), [7, V] tiles: several tiles per shard
+TEMPERED = dict(temperature=0.7, entropy_coef=0.05, chunk=7)
 
 
-def _scenario(sp, wrap, inner, dtype="float32", wrong_sinks=False):
+def _scenario(sp, wrap, inner, dtype="float32", wrong_sinks=False, **head):
     name = f"sp{sp}-{inner}-{wrap}-{dtype}" + ("-first-sinks-everywhere" if wrong_sinks else "")
-    return dict(id=name, sp=sp, wrap=wrap, inner=inner, dtype=dtype, wrong_sinks=wrong_sinks)
+    name += "".join(f"-{key}{value}" for key, value in head.items())
+    return dict(id=name, sp=sp, wrap=wrap, inner=inner, dtype=dtype, wrong_sinks=wrong_sinks, **head)
 
 
 def _failures(results, scenarios):
@@ -41,8 +44,11 @@ def _failures(results, scenarios):
 WORLD2 = [_scenario(2, wrap, inner) for wrap in ("ddp", "fsdp2") for inner in ("eager", "fa3_sink")]
 WORLD2.append(_scenario(2, "ddp", "eager", "float64"))
 WORLD2.append(_scenario(2, "accelerate", "fa3_sink"))  # accelerate's prepare/no_sync/backward
+WORLD2 += [_scenario(2, "ddp", "eager", "float64", **TEMPERED), _scenario(2, "fsdp2", "fa3_sink", **TEMPERED)]
+WORLD2.append(_scenario(2, "fsdp2", "eager", "float64", batch="hostile", **TEMPERED))
 WORLD4 = [_scenario(4, wrap, inner) for wrap in ("ddp", "fsdp2") for inner in ("eager", "fa3_sink")]
 WORLD4.append(_scenario(2, "fsdp2", "fa3_sink"))  # two SP groups of 2 inside a data-parallel world of 4
+WORLD4.append(_scenario(4, "ddp", "fa3_sink", **TEMPERED))
 
 
 @pytest.mark.slow
@@ -52,6 +58,12 @@ def test_sharded_step_matches_unsharded(tmp_path, world, scenarios):
     assert not _failures(results, scenarios), "\n".join(_failures(results, scenarios))
     # the gradients compared are not vanishingly small: the sinks gradient is a real signal
     assert all(report["ref_sinks_grad"] > 1e-4 for per_rank in results for report in per_rank.values())
+    for per_rank in results:  # no [rows, V] tensor beyond one tile in the loss pass, forward and backward
+        for scenario in scenarios:
+            report = per_rank[scenario["id"]]
+            assert report["vocab_rows_logits"] >= report["logits_rows"], "the tracker missed the logits"
+            if "chunk" in scenario:
+                assert report["vocab_rows"] <= scenario["chunk"], scenario["id"]
 
 
 @pytest.mark.slow

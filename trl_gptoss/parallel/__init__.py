@@ -3,6 +3,7 @@
 plugin = ContextParallelPlugin.from_env()          # or ContextParallelPlugin(sp_size=4)
 runner = prepare_context_parallel(accelerator, model, plugin)
 result = runner.forward_backward(input_ids, attention_mask, loss_fn)
+# per-token values through selective_logprobs: prepare_context_parallel(..., head=HeadConfig(temperature=0.7))
 """
 
 from trl_gptoss.parallel.attention import (
@@ -14,10 +15,12 @@ from trl_gptoss.parallel.batching import PackedRows, pack_rows, token_log_probs,
 from trl_gptoss.parallel.config import ContextParallelPlugin
 from trl_gptoss.parallel.engine import ContextParallelRunner, StepResult, prepare_context_parallel
 from trl_gptoss.parallel.groups import SequenceParallelGroup, build_sequence_parallel_group
+from trl_gptoss.parallel.head import HeadConfig
 
 __all__ = [
     "ContextParallelPlugin",
     "ContextParallelRunner",
+    "HeadConfig",
     "PackedRows",
     "SequenceParallelGroup",
     "StepResult",

@@ -8,6 +8,9 @@ stay symmetric. Each rank's parameter gradient is then its shard's share of ever
 all-reduce over the world that DDP/FSDP2 does after the last sub-step gives
 ``(1/world) * sum_ranks dL_rank/dtheta`` -- exactly the unsharded data-parallel gradient (sinks included:
 rank r's share only touches ``sinks[r*Hq/n:(r+1)*Hq/n]``).
+
+Per-token values come from ``selective_logprobs`` inside the model's forward (``trl_gptoss.parallel.head``):
+no rank ever holds ``[T/n, V]`` logits.
 """
 
 from __future__ import annotations
@@ -23,41 +26,62 @@ import torch.distributed as dist
 from accelerate.utils import extract_model_from_parallel as _unwrap
 
 from trl_gptoss.parallel.attention import register_ulysses_attention, sharded_forward
-from trl_gptoss.parallel.batching import (
-    IGNORE_INDEX,
-    pack_rows,
-    pad_to_multiple,
-    shard,
-    token_log_probs,
-    unpack_token_values,
-)
+from trl_gptoss.parallel.batching import IGNORE_INDEX, pack_rows, pad_to_multiple, shard, unpack_token_values
 from trl_gptoss.parallel.comm import gather_lengths, gather_sequence, gather_sequence_no_grad
 from trl_gptoss.parallel.config import ContextParallelPlugin
 from trl_gptoss.parallel.groups import SequenceParallelGroup, build_sequence_parallel_group
+from trl_gptoss.parallel.head import HeadConfig, bare_causal_lm, output_head, token_values_forward
 
-LossFn = Callable[[torch.Tensor], torch.Tensor]
+LossFn = Callable[..., torch.Tensor]
 
 
 @dataclass
 class StepResult:
-    """This rank's own loss and per-token log-probs ``[B, L]`` (detached; ``[b, t]`` = log p(token t))."""
+    """This rank's own loss and per-token values ``[B, L]`` (detached; ``[b, t]`` = log p(token t) and the
+    entropy of the distribution it was drawn from; ``token_entropies`` is None unless the head returns them)."""
 
     loss: torch.Tensor
     token_logps: torch.Tensor
+    token_entropies: torch.Tensor | None = None
 
 
 class ContextParallelRunner:
-    """Runs forward + backward of each SP-group member's micro-batch, sharded over the group."""
+    """Runs forward + backward of each SP-group member's micro-batch, sharded over the group.
 
-    def __init__(self, model, sp: SequenceParallelGroup, accelerator=None, attention: str | None = None):
+    ``head`` (default ``HeadConfig()``: temperature 1, no entropies) says how hidden states become per-token
+    values; ``forward_backward`` and ``score`` take another one per call.
+    """
+
+    def __init__(
+        self,
+        model,
+        sp: SequenceParallelGroup,
+        accelerator=None,
+        attention: str | None = None,
+        head: HeadConfig | None = None,
+    ):
         self.model, self.sp, self.accelerator = model, sp, accelerator
         self.attention = attention or _unwrap(model).config._attn_implementation
+        self.head = head if head is not None else HeadConfig()
 
     def local_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, model=None) -> torch.Tensor:
-        """Forward of this rank's shard ``[T/n]`` of one packed row -> logits ``[T/n, V]``."""
+        """Forward of this rank's shard ``[T/n]`` of one packed row -> logits ``[T/n, V]``. For inspection
+        only: the loss and scoring passes go through ``local_token_values`` and never build these logits."""
         with sharded_forward(self.sp):
             out = (model or self.model)(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)
         return out.logits[0]
+
+    def local_token_values(self, input_ids, positions, labels, model=None, head: HeadConfig | None = None):
+        """This rank's shard ``[T/n]`` of one packed row (``labels``: next-token ids, -100 where none) ->
+        ``(logp [T/n], entropy [T/n] | None)`` by ``selective_logprobs`` inside the model's forward."""
+        model = model or self.model
+        with sharded_forward(self.sp), token_values_forward(_unwrap(model)):
+            return model(
+                input_ids=input_ids[None],
+                position_ids=positions[None],
+                token_labels=labels,
+                head_config=head or self.head,
+            )
 
     def forward_backward(
         self,
@@ -65,12 +89,16 @@ class ContextParallelRunner:
         attention_mask: torch.Tensor | None,
         loss_fn: LossFn,
         *,
+        head: HeadConfig | None = None,
         sync_gradients: bool | None = None,
     ) -> StepResult:
         """One micro-batch step. ``input_ids, attention_mask: [B, L]`` (this rank's own batch);
-        ``loss_fn(token_logps [B, L]) -> scalar`` is called once, on this rank, with differentiable log-probs.
-        Gradients are synchronised after the last sub-step when ``sync_gradients`` (False to accumulate;
-        None: ``accelerator.sync_gradients``, i.e. what ``accelerator.accumulate`` decided, else True)."""
+        ``loss_fn(token_logps [B, L]) -> scalar`` -- ``loss_fn(token_logps, token_entropies)`` when the head
+        returns entropies -- is called once, on this rank, with differentiable values (entropies differentiable
+        only with ``entropy_grad``). Gradients are synchronised after the last sub-step when ``sync_gradients``
+        (False to accumulate; None: ``accelerator.sync_gradients``, i.e. what ``accelerator.accumulate``
+        decided, else True)."""
+        head = head or self.head
         if sync_gradients is None:
             sync_gradients = self.accelerator.sync_gradients if self.accelerator is not None else True
         packed, lengths, members = self._share_batches(input_ids, attention_mask)
@@ -78,32 +106,35 @@ class ContextParallelRunner:
         for owner, (ids, positions, labels) in enumerate(members):
             last = owner == self.sp.size - 1
             with self._gradient_sync(sync_gradients and last):
-                logps = self._owner_logps(self.model, ids, positions, labels)[: lengths[owner]]
+                values = self._owner_values(self.model, ids, positions, labels, head)[: lengths[owner]]
                 if owner == self.sp.rank:
-                    token_logps = unpack_token_values(logps, packed)
-                    loss = loss_fn(token_logps)
-                    result = StepResult(loss.detach(), token_logps.detach())
+                    per_token = [unpack_token_values(values[:, k], packed) for k in range(values.shape[1])]
+                    loss = loss_fn(*per_token)
+                    detached = [v.detach() for v in per_token]
+                    result = StepResult(loss.detach(), *detached)
                 else:
-                    loss = logps.sum() * 0.0  # keeps this rank in the gather's backward all-reduce
+                    loss = values.sum() * 0.0  # keeps this rank in the gather's backward all-reduce
                 self._backward(loss)
         return result
 
     @torch.no_grad()
-    def score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, model=None) -> torch.Tensor:
-        """Per-token log-probs ``[B, L]`` of this rank's batch without backward (old / reference log-probs).
+    def score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, model=None, head=None):
+        """Per-token log-probs ``[B, L]`` of this rank's batch without backward (old / reference log-probs);
+        ``(log-probs, entropies)`` when ``head`` (default: the runner's) returns entropies.
 
         ``model`` (default: the trained one) may be another copy, e.g. the frozen reference model; it is
         switched to this runner's attention, which behaves exactly like the inner one outside SP.
         """
+        head = head or self.head
         if model is not None and _unwrap(model).config._attn_implementation != self.attention:
             _unwrap(model).set_attn_implementation(self.attention)
         packed, lengths, members = self._share_batches(input_ids, attention_mask)
         own = None
         for owner, (ids, positions, labels) in enumerate(members):
-            logps = self._owner_logps(model or self.model, ids, positions, labels)[: lengths[owner]]
+            values = self._owner_values(model or self.model, ids, positions, labels, head)[: lengths[owner]]
             if owner == self.sp.rank:
-                own = unpack_token_values(logps, packed)
-        return own
+                own = [unpack_token_values(values[:, k], packed) for k in range(values.shape[1])]
+        return tuple(own) if head.entropy else own[0]
 
     def _share_batches(self, input_ids, attention_mask):
         """Pack this rank's batch; every member's packed ``(ids, positions, labels)``, padded to a multiple
@@ -128,10 +159,18 @@ class ContextParallelRunner:
         ]
         return packed, lengths, members
 
-    def _owner_logps(self, model, ids, positions, labels):
+    def _owner_values(self, model, ids, positions, labels, head: HeadConfig):
+        """The owner's ``[T, k]`` per-token values (k = 1: log-probs; 2: log-probs, entropies), gathered
+        differentiably in one collective. Entropies without ``entropy_grad`` enter detached: the op's entropy
+        output then gets no gradient and its backward skips the entropy term."""
         rank, size = self.sp.rank, self.sp.size
-        logits = self.local_logits(shard(ids, rank, size), shard(positions, rank, size), model)
-        return gather_sequence(token_log_probs(logits, shard(labels, rank, size)), self.sp)
+        parts = (shard(ids, rank, size), shard(positions, rank, size), shard(labels, rank, size))
+        logp, entropy = self.local_token_values(*parts, model=model, head=head)
+        if entropy is None:
+            values = logp[:, None]
+        else:
+            values = torch.stack([logp, entropy if head.entropy_grad else entropy.detach()], dim=1)
+        return gather_sequence(values, self.sp)
 
     def _gradient_sync(self, enabled: bool):
         if enabled:
@@ -178,8 +217,11 @@ def _check_gradients_are_synchronised(model, module, world_size: int) -> None:
         )
 
 
-def prepare_context_parallel(accelerator, model, plugin: ContextParallelPlugin | None = None):
-    """Validate, register ``"ulysses_<inner>"`` on the model, build the SP groups; return the runner.
+def prepare_context_parallel(
+    accelerator, model, plugin: ContextParallelPlugin | None = None, head: HeadConfig | None = None
+):
+    """Validate, register ``"ulysses_<inner>"`` on the model, build the SP groups; return the runner (whose
+    per-token values follow ``head``: temperature, entropies, tile size).
 
     ``model`` may already be wrapped by ``accelerator.prepare`` (DDP) or ``fully_shard`` (FSDP2);
     ``accelerator=None`` uses ``torch.distributed`` directly. All checks run before any collective, so bad
@@ -197,4 +239,6 @@ def prepare_context_parallel(accelerator, model, plugin: ContextParallelPlugin |
     _check_gradients_are_synchronised(model, module, _world_size(accelerator))
     attention = register_ulysses_attention(plugin.inner_attention)
     module.set_attn_implementation(attention)
-    return ContextParallelRunner(model, build_sequence_parallel_group(plugin.sp_size), accelerator, attention)
+    output_head(bare_causal_lm(module))  # an adapter on lm_head is refused here, on every rank
+    group = build_sequence_parallel_group(plugin.sp_size)
+    return ContextParallelRunner(model, group, accelerator, attention, head)
