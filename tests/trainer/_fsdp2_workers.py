@@ -116,6 +116,7 @@ def train_rank(rank: int, world: int, layout: str, state_path: str, output_dir: 
     die_after_save_at = overrides.pop("die_after_save_at", None)
     resume_from = overrides.pop("resume_from", None)
     peft_config = _lora() if overrides.pop("lora", False) else None
+    check_sync_after_push = overrides.pop("check_sync_after_push", False)
     args = _args(output_dir, layout, per_rank_batch, **overrides)
     with fsdp2_on_cpu() if layout == "fsdp2" else contextlib.nullcontext():
         trainer = GptOssGRPOTrainer(
@@ -140,6 +141,11 @@ def train_rank(rank: int, world: int, layout: str, state_path: str, output_dir: 
         return output
 
     trainer.rollout_func = recording
+    sync_reports: list[dict] = []
+    if check_sync_after_push:
+        from tests.trainer._fsdp2_servers_workers import check_after_every_push
+
+        check_after_every_push(trainer, sync_reports)
     trainer.train(resume_from_checkpoint=resume_from)
     return {
         "steps": [h["step"] for h in trainer.state.log_history if "loss" in h],
@@ -150,6 +156,7 @@ def train_rank(rank: int, world: int, layout: str, state_path: str, output_dir: 
         "diff": logged(trainer, "rollout_corr/abs_logp_diff_max"),
         "sampled": sampled,
         "pid": os.getpid(),
+        "sync_reports": sync_reports,
     }
 
 

@@ -29,6 +29,12 @@ are bf16 numbers).
 
 The maximum is over every scored token of every prompt (``prompts``: token-id lists; the first token of each
 has no prefix and is not scored).
+
+Sharded models (FSDP2 ``DTensor`` parameters): ``check_sync`` is then collective. Every rank calls it with its
+shard of the same model and the same arguments; only rank 0 talks to the servers (its ``engines``; the other
+ranks may pass ``[]``), every rank joins the forwards, the pushes' gathers and the perturbation (each rank
+perturbs its own shard from the full tensor's seeded noise), and every rank returns rank 0's report. A failure
+on rank 0 while talking to a server is raised on every rank (no rank is left inside a collective).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 
 from trl_gptoss.rollout.weight_sync import checkpoint_name, unwrap
 
@@ -97,7 +104,8 @@ def random_prompts(vocab: int, count: int, length: int, *, seed: int = 0, exclud
 
 def trainer_logprobs(model, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
     """The trainer's log-prob of every token of every prompt given the ones before it, one forward per prompt,
-    ``log_softmax`` in float64: ``[sum(len(p) - 1)]`` (the layout ``server_logprobs`` returns)."""
+    ``log_softmax`` in float64: ``[sum(len(p) - 1)]`` (the layout ``server_logprobs`` returns). Collective for
+    an FSDP2 model (every rank, the same prompts); its parameters are sharded again afterwards."""
     device = next(unwrap(model).parameters()).device
     values = []
     with torch.no_grad():
@@ -105,7 +113,19 @@ def trainer_logprobs(model, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
             ids_t = torch.tensor([list(ids)], device=device)
             logits = model(input_ids=ids_t).logits[0, :-1].double()
             values.append(torch.log_softmax(logits, -1).gather(1, ids_t[0, 1:, None]).squeeze(1).cpu())
+    _reshard(model)
     return torch.cat(values)
+
+
+def _reshard(model) -> None:
+    """Back to shards after an FSDP2 forward: the root module keeps its parameters unsharded after a forward
+    (no ``reshard_after_forward`` at the root), and a perturbation written into those gathered copies would
+    be dropped at the next reshard. A no-op for a model without ``fully_shard``."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in unwrap(model).modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def server_logprobs(engine, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -203,24 +223,76 @@ def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
 
 def _perturb(params, scale: float, seed: int, dtype: torch.dtype) -> list[torch.Tensor]:
     """Add ``scale * rms(p) * N(0, 1)`` (seeded per name; rounded through ``dtype``, the server's, so both sides
-    hold the same values) to each parameter in place; returns host copies of the old values."""
+    hold the same values) to each parameter in place; returns host copies of the old values (of this rank's
+    shard for a ``DTensor``, whose noise and RMS are those of the full tensor: the same on every layout)."""
     saved = []
     with torch.no_grad():
         for name, param in params:
-            saved.append(_host_copy(param.detach()))
-            rms = float(param.detach().float().pow(2).mean().sqrt()) or 1.0  # 0 for an all-zero bias
+            sharded = _is_dtensor(param)
+            saved.append(_host_copy(param.detach().to_local() if sharded else param.detach()))
+            full = param.detach().full_tensor() if sharded else param.detach()  # collective for a DTensor
+            rms = float(full.float().pow(2).mean().sqrt()) or 1.0  # 0 for an all-zero bias
             generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-            noise = torch.randn(param.shape, generator=generator).to(param.device)
-            moved = (param.detach().float() + scale * rms * noise).to(dtype)
-            param.copy_(moved.to(param.dtype))
-            del noise, moved
+            noise = torch.randn(full.shape, generator=generator).to(full.device)
+            moved = (full.float() + scale * rms * noise).to(dtype).to(param.dtype)
+            if sharded:  # this rank's shard of the full result; src_data_rank=None: no communication
+                moved = _distribute(moved, param.device_mesh, param.placements, src_data_rank=None)
+            param.copy_(moved)
+            del noise, moved, full
     return saved
 
 
 def _restore(params, saved: list[torch.Tensor]) -> None:
     with torch.no_grad():
         for (_, param), old in zip(params, saved, strict=True):
-            param.copy_(old.to(param.device, param.dtype))
+            local = param.to_local() if _is_dtensor(param) else param
+            local.copy_(old.to(local.device, local.dtype))
+
+
+def _is_dtensor(tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
+def _distribute(tensor, mesh, placements, **kwargs):
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(tensor, mesh, placements, **kwargs)
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _on_lead(call: Callable):
+    """``call()`` on rank 0 (the rank that talks to the servers), ``None`` elsewhere. Collective when
+    distributed: every rank learns whether it failed, and every rank raises if it did."""
+    result, error = None, None
+    if not _distributed() or dist.get_rank() == 0:
+        try:
+            result = call()
+        except Exception as exc:  # noqa: BLE001 (re-raised below, after every rank knows)
+            error = exc
+    if _distributed() and _broadcast(error is not None) and error is None:
+        raise RuntimeError("check-sync: rank 0 failed while talking to the servers; its log has the error")
+    if error is not None:
+        raise error
+    return result
+
+
+def _broadcast(obj):
+    """Rank 0's ``obj`` on every rank (identity when not distributed)."""
+    if not _distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _scores(engines, prompts) -> list[torch.Tensor]:
+    """Every server's ``server_logprobs`` on rank 0; ``[]`` on the other ranks."""
+    return _on_lead(lambda: [server_logprobs(e, prompts) for e in engines]) or []
 
 
 def _judge(engines, scores, expected, report, kind) -> list[ServerResult]:
@@ -235,13 +307,13 @@ def _judge(engines, scores, expected, report, kind) -> list[ServerResult]:
     return results
 
 
-def _judge_group(engines, prompts, expected, base, baseline, report) -> list[ServerResult]:
-    """A group row: ``baseline``: each server's scores after the unperturbed push (``moved``'s origin)."""
+def _judge_group(engines, all_scores, expected, base, baseline, report) -> list[ServerResult]:
+    """A group row: ``all_scores``: each server's scores after the perturbed push; ``baseline``: after the
+    unperturbed one (``moved``'s origin)."""
     results, tolerance, moved_tolerance = [], report.tolerance, report.moved_tolerance
     d_trainer = expected - base
     effect = float(d_trainer.abs().max())
-    for engine, origin in zip(engines, baseline, strict=True):
-        scores = server_logprobs(engine, prompts)
+    for engine, origin, scores in zip(engines, baseline, all_scores, strict=True):
         error = _max_abs(scores, expected)
         moved = float((scores - origin) @ d_trainer / (d_trainer @ d_trainer)) if effect > 0 else 0.0
         if effect < BLIND_FACTOR * tolerance:
@@ -275,17 +347,47 @@ def check_sync(
     moved_tolerance: float | None = None,
     fresh: torch.Tensor | str | None = None,
 ) -> SyncReport:
-    """Run the check described in the module docstring; single process (the model is whole here).
+    """Run the check described in the module docstring: single process, or collective when ``torch.distributed``
+    is initialized (every rank calls it with the same arguments; see the module docstring).
 
-    ``engines``: ``VLLMServerEngine``s serving ``model``'s checkpoint; ``model``: the trainer's model in eval
-    mode; ``push(model)``: the push under test (default ``default_push(engines)``); ``groups``: which
-    ``GROUPS`` to perturb; ``fresh``: a fresh server's ``server_logprobs`` of ``prompts``, or ``"as_found"``
-    when each server was started from the checkpoint and not pushed to since (its scores before the check are
-    a fresh server's): the ``fresh`` row compares the restored servers with it.
-    The model is left as it came; the servers are left serving it (the ``restored`` push).
+    ``engines``: ``VLLMServerEngine``s serving ``model``'s checkpoint (read on rank 0 only); ``model``: the
+    trainer's model in eval mode, whole or FSDP2-sharded; ``push(model)``: the push under test, collective when
+    distributed (default ``default_push(engines)``); ``groups``: which ``GROUPS`` to perturb; ``fresh``: a fresh
+    server's ``server_logprobs`` of ``prompts``, or ``"as_found"`` when each server was started from the
+    checkpoint and not pushed to since (its scores before the check are a fresh server's): the ``fresh`` row
+    compares the restored servers with it. The model is left as it came; the servers are left serving it (the
+    ``restored`` push). Returns rank 0's report on every rank.
     """
-    if not engines:
-        raise ValueError("check_sync needs at least one server engine")
+    _check_arguments(groups, scale, tolerance, moved_tolerance, fresh)
+    lead = not _distributed() or dist.get_rank() == 0
+    engines = list(engines) if lead else []  # only rank 0 talks to the servers
+    push = push or default_push(engines)
+    servers = _on_lead(lambda: _describe(engines))
+    dtype = getattr(torch, _broadcast(servers[0]["dtype"] if servers else None))
+    by_group = grouped_parameters(model)
+    base = trainer_logprobs(model, prompts)  # collective forward when sharded
+    report = SyncReport(servers or [], tolerance, moved_tolerance, scale, seed, len(prompts), len(base))
+    found = _scores(engines, prompts)
+    report.checks.append(Check("as_found", servers=_judge(engines, found, base, report, "as_found")))
+    push(model)
+    baseline = _scores(engines, prompts)
+    report.checks.append(Check("baseline", servers=_judge(engines, baseline, base, report, "baseline")))
+    try:
+        for group in (g for g in GROUPS if g in groups and g in by_group):
+            run = (engines, model, prompts, push, dtype)
+            report.checks.append(_check_group(run, by_group[group], group, base, baseline, report))
+    finally:
+        push(model)  # the model is whole again here: leave every server on the checkpoint
+    scores = _scores(engines, prompts)
+    report.checks.append(Check("restored", servers=_judge(engines, scores, base, report, "restored")))
+    if fresh is not None:
+        reference = found if isinstance(fresh, str) and fresh == "as_found" else fresh
+        report.checks.append(Check("fresh", servers=_judge(engines, scores, reference, report, "fresh")))
+    return _broadcast(report)
+
+
+def _check_arguments(groups, scale, tolerance, moved_tolerance, fresh) -> None:
+    """The same errors on every rank, before any collective."""
     if not (scale > 0 and tolerance > 0 and (moved_tolerance is None or moved_tolerance > 0)):
         raise ValueError(
             f"scale, tolerance and moved_tolerance must be > 0, got {scale}, {tolerance}, {moved_tolerance}"
@@ -295,36 +397,12 @@ def check_sync(
         raise ValueError(f"groups: unknown parameter group {unknown[0]!r}; choose from {GROUPS}")
     if isinstance(fresh, str) and fresh != "as_found":
         raise ValueError(f"fresh must be a tensor of log-probs, 'as_found' or None, got {fresh!r}")
-    push = push or default_push(engines)
-    dtype = engines[0].pusher().dtype
-    by_group = grouped_parameters(model)
-    base = trainer_logprobs(model, prompts)
-    report = SyncReport(
-        servers=[{"url": e.base_url, "dtype": str(e.pusher().dtype).removeprefix("torch.")} for e in engines],
-        tolerance=tolerance,
-        moved_tolerance=moved_tolerance,
-        scale=scale,
-        seed=seed,
-        prompts=len(prompts),
-        tokens=len(base),
-    )
-    found = [server_logprobs(e, prompts) for e in engines]
-    report.checks.append(Check("as_found", servers=_judge(engines, found, base, report, "as_found")))
-    push(model)
-    baseline = [server_logprobs(e, prompts) for e in engines]
-    report.checks.append(Check("baseline", servers=_judge(engines, baseline, base, report, "baseline")))
-    try:
-        for group in (g for g in GROUPS if g in groups and g in by_group):
-            run = (engines, model, prompts, push, dtype)
-            report.checks.append(_check_group(run, by_group[group], group, base, baseline, report))
-    finally:
-        push(model)  # the model is whole again here: leave every server on the checkpoint
-    scores = [server_logprobs(e, prompts) for e in engines]
-    report.checks.append(Check("restored", servers=_judge(engines, scores, base, report, "restored")))
-    if fresh is not None:
-        reference = found if isinstance(fresh, str) and fresh == "as_found" else fresh
-        report.checks.append(Check("fresh", servers=_judge(engines, scores, reference, report, "fresh")))
-    return report
+
+
+def _describe(engines) -> list[dict]:
+    if not engines:
+        raise ValueError("check_sync needs at least one server engine (on rank 0)")
+    return [{"url": e.base_url, "dtype": str(e.pusher().dtype).removeprefix("torch.")} for e in engines]
 
 
 def _check_group(run, params, group, base, baseline, report) -> Check:
@@ -337,7 +415,7 @@ def _check_group(run, params, group, base, baseline, report) -> Check:
         expected = trainer_logprobs(model, prompts)
     finally:
         _restore(params, saved)
-    servers = _judge_group(engines, prompts, expected, base, baseline, report)
+    servers = _judge_group(engines, _scores(engines, prompts), expected, base, baseline, report)
     return Check("group", group, len(params), _max_abs(expected, base), servers)
 
 
