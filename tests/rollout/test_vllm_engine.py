@@ -145,3 +145,150 @@ def test_hung_server_times_out_naming_the_url():
             conn.close()
         listener.close()
     assert time.monotonic() - started < 10 and len(accepted) == 2  # first try + one retry
+
+
+# -- generate() over the event loop's own connections (http_async) -------------------------------------------
+
+
+@vllm
+def test_async_generate_is_token_identical_to_the_blocking_path_under_concurrency(vllm_tiny_server):
+    """64 seeded requests, 8 connections: each answer equals the one ``generate_sync`` (requests) gets."""
+    engine = VLLMServerEngine(vllm_tiny_server.base_url, timeout=120, max_concurrency=8)
+    requests = [
+        GenerationRequest(
+            PROMPT + [i % 7], 6 + i % 5, temperature=(0.05, 0.7, 1.3)[i % 3], seed=i, top_k=(-1, 20)[i % 2]
+        )
+        for i in range(64)
+    ]
+    try:
+        blocking = [engine.generate_sync(r) for r in requests[:16]]
+        concurrent = _generate(engine, requests)
+    finally:
+        engine.close()
+    assert all(g.finish_reason == "length" for g in concurrent)
+    for i, (a, b) in enumerate(zip(blocking, concurrent)):
+        assert a.token_ids == b.token_ids, f"request {i}: async path sampled other tokens"
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4, f"request {i}"
+    assert len({tuple(g.token_ids) for g in concurrent}) > 32, "seeds must give different continuations"
+
+
+@vllm
+def test_async_generate_from_background_threads_leaves_no_connection_open(vllm_tiny_server):
+    """The trainer runs each batch's event loop on a background thread: the answers are the same as from the
+    main thread, and when a batch's loop ends its connections are closed (no socket to the server remains,
+    nothing left for a ResourceWarning)."""
+    import gc
+    import warnings
+
+    import psutil
+
+    engine = VLLMServerEngine(vllm_tiny_server.base_url, timeout=120, max_concurrency=4)
+    requests = [GenerationRequest(PROMPT, 8, seed=100 + i) for i in range(6)]
+    port = int(vllm_tiny_server.base_url.rsplit(":", 1)[1])
+
+    def open_sockets():
+        return [c for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr.port == port]
+
+    try:
+        main = [g.token_ids for g in _generate(engine, requests)]
+        engine.close()  # the constructor's blocking session; what remains open would be the async path's
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                out = []
+                thread = threading.Thread(target=lambda out=out: out.append(_generate(engine, requests)))
+                thread.start()
+                thread.join(120)
+                assert [g.token_ids for g in out[0]] == main
+                assert not [c for c in open_sockets() if c.status == "ESTABLISHED"], open_sockets()
+            gc.collect()
+        assert not [w for w in caught if issubclass(w.category, ResourceWarning)], [str(w.message) for w in caught]
+    finally:
+        engine.close()
+
+
+class _Answers:
+    """A blocking HTTP server that lists one model and answers each completions call from ``replies`` (status,
+    body) in turn; counts the calls."""
+
+    def __init__(self, replies):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        outer = self
+        self.replies, self.calls = list(replies), 0
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _send(self, status, body: bytes):
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                self._send(200, b'{"data": [{"id": "m", "max_model_len": 64}]}')
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                outer.calls += 1
+                status, body = outer.replies[min(outer.calls, len(outer.replies)) - 1]
+                self._send(status, body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+ANSWER = (
+    b'{"choices": [{"finish_reason": "length", "token_ids": [9, 8], '
+    b'"logprobs": {"tokens": ["token_id:9", "token_id:8"], "token_logprobs": [-0.5, -0.25]}}]}'
+)
+
+
+@pytest.mark.parametrize(
+    "replies, calls, error, match",
+    [
+        ([(503, b"overloaded"), (200, ANSWER)], 2, None, None),
+        ([(500, b"engine died")], 3, VLLMServerError, r"failed after 3 attempt\(s\): HTTP 500: engine died"),
+        ([(404, b"no such route")], 1, VLLMServerError, "answered HTTP 404: no such route"),
+        ([(400, b"maximum context length is 64")], 1, ValueError, "rejected the request as too long"),
+        ([(200, b'{"choices": [')], 1, VLLMServerError, "answered HTTP 200 with a body that is not JSON"),
+    ],
+    ids=["5xx-then-ok", "5xx-every-time", "4xx-not-retried", "too-long", "bad-json"],
+)
+def test_async_generate_retries_5xx_and_names_errors(replies, calls, error, match):
+    server = _Answers(replies)
+    engine = VLLMServerEngine(server.url, max_retries=2, backoff=0.01)
+    try:
+        if error is None:
+            generation = _generate(engine, [GenerationRequest([1, 2], 2)])[0]
+            assert (generation.token_ids, generation.logprobs) == ([9, 8], [-0.5, -0.25])
+        else:
+            with pytest.raises(error, match=match) as info:
+                _generate(engine, [GenerationRequest([1, 2], 2)])
+            assert f"{server.url}/v1/completions" in str(info.value)
+        assert server.calls == calls
+    finally:
+        engine.close()
+        server.close()
+
+
+def test_async_generate_from_an_unreachable_server_names_the_url():
+    server = _Answers([])
+    engine = VLLMServerEngine(server.url, max_retries=1, backoff=0.01, connect_timeout=1.0)
+    server.close()  # the engine was built; now the server is gone
+    try:
+        with pytest.raises(
+            VLLMServerError, match=f"{server.url}/v1/completions failed after 2 attempt.*cannot connect"
+        ):
+            _generate(engine, [GenerationRequest([1, 2], 2)])
+    finally:
+        engine.close()

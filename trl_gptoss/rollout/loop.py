@@ -7,7 +7,8 @@ Each conversation is one asyncio task that repeats::
        as token ids (completion_mask 0)  ->  generate again
 
 so a conversation that makes one call never waits for one that makes six, and the engine keeps sampling
-while tools run. Requests that become ready close together are sent together (``RequestGate``, at most
+while tools run; when calls queue for a worker, the conversation with the most calls so far goes first
+(``ToolBox``). Requests that become ready close together are sent together (``RequestGate``, at most
 ``config.engine_batch_window_s`` of waiting), so they share engine steps. Sampled tokens are kept exactly as
 the engine returned them (never decoded and re-tokenised); only the inserted tool messages are rendered by
 ``trl_gptoss.harmony.render_message``.
@@ -71,7 +72,7 @@ async def arun_rollouts(
                 f"engine's context (max_model_len={context}); shorten it or serve a longer context"
             )
     with ThreadPoolExecutor(max_workers=config.max_concurrent_tools, thread_name_prefix="rollout-tool") as pool:
-        toolbox = ToolBox(toolset, executor=pool)
+        toolbox = ToolBox(toolset, executor=pool, workers=config.max_concurrent_tools)
         gate = RequestGate(engine, len(prompt_ids), config.engine_batch_window_s)
         conversations = [
             _Conversation(i, ids, gate, context, codec, toolbox, config) for i, ids in enumerate(prompt_ids)
@@ -219,7 +220,7 @@ class _Conversation:
     async def _answer_call(self, call) -> str | None:
         r = self.rollout
         t0 = time.perf_counter()
-        result = await self.toolbox.run(call, self.sessions)
+        result = await self.toolbox.run(call, self.sessions, priority=r.num_tool_calls)
         r.timings["tool_s"] += time.perf_counter() - t0
         r.num_tool_calls += 1
         if not result.ok:

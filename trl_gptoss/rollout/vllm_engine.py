@@ -151,7 +151,13 @@ class VLLMServerEngine:
                 continue
             last_error = _server_error(url, response.status, response.text)
             if last_error is None:
-                return response.json()
+                try:
+                    return response.json()
+                except ValueError:
+                    raise VLLMServerError(
+                        f"vLLM server at {url} answered HTTP {response.status} with a body that is not JSON: "
+                        f"{response.text[:200]!r}"
+                    ) from None
         raise VLLMServerError(f"vLLM server at {url} failed after {attempts} attempt(s): {last_error}")
 
     def health(self) -> bool:
