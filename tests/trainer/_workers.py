@@ -7,8 +7,11 @@ import os
 from trl_gptoss.testing.distributed import set_rank_environment
 
 
-def server_mode_rank(rank: int, world: int, server_url: str, state_path: str, output_dir: str) -> dict:
-    """One rank of a 2-process server-mode run: both ranks sample from the server on their own."""
+def server_mode_rank(
+    rank: int, world: int, server_url: str, state_path: str, output_dir: str, max_staleness: int = 0
+) -> dict:
+    """One rank of a 2-process server-mode run: both ranks sample from the server on their own. Returns the tool
+    calls per step, the logged metrics, and (wall clock) every generation request and push of this rank."""
     set_rank_environment(rank, world)
     import torch
 
@@ -24,13 +27,15 @@ def server_mode_rank(rank: int, world: int, server_url: str, state_path: str, ou
         rollout_server_url=server_url,
         per_device_train_batch_size=2,
         num_generations=2,
-        max_steps=2,
+        max_steps=3 if max_staleness else 2,
+        max_staleness=max_staleness,
+        learning_rate=3e-3 if max_staleness else 1e-4,
     )
     trainer = GptOssGRPOTrainer(
         model,
         answer_reward,
         args=args,
-        train_dataset=prompt_dataset([1, 2]),
+        train_dataset=prompt_dataset([1, 2, 1, 2, 1, 2] if max_staleness else [1, 2]),
         processing_class=tokenizer,
         tools=[AddTool()],
         rollout_system=SYSTEM,
@@ -44,12 +49,41 @@ def server_mode_rank(rank: int, world: int, server_url: str, state_path: str, ou
         return output
 
     trainer.rollout_func = counting
+    requests, pushes = _time_engine(trainer.rollout_backend.engine)
     trainer.train()
+    trainer.close()
     return {
         "calls": calls,
         "diff": logged(trainer, "rollout_corr/abs_logp_diff_max"),
         "ratio": logged(trainer, "policy/ratio_max_abs_dev"),
+        "staleness": logged(trainer, "rollout/staleness"),
+        "requests": requests,
+        "pushes": pushes,
     }
+
+
+def _time_engine(engine, push_delay_s: float = 0.3) -> tuple[list, list]:
+    """Record the wall-clock interval of every generation request and every (deliberately slowed) push."""
+    import time
+
+    requests, pushes = [], []
+    generate, push = engine.generate, engine.push_weights
+
+    async def timed_generate(request):
+        start = time.time()
+        try:
+            return await generate(request)
+        finally:
+            requests.append((start, time.time()))
+
+    def slow_push(model):
+        start = time.time()
+        time.sleep(push_delay_s)
+        push(model)
+        pushes.append((start, time.time()))
+
+    engine.generate, engine.push_weights = timed_generate, slow_push
+    return requests, pushes
 
 
 def train_in_process_engine(

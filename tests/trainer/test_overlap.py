@@ -242,3 +242,27 @@ def test_an_engine_error_in_the_background_surfaces_at_the_next_step_naming_the_
     assert isinstance(error.value.__cause__, VLLMServerError)
     trainer.close()
     assert not [t for t in threading.enumerate() if t.name == "trl-gptoss-rollouts"]
+
+
+@pytest.mark.vllm
+@pytest.mark.xdist_group("vllm")
+@pytest.mark.distributed
+def test_two_processes_overlap_their_own_generation_and_push_collectively(taught, tmp_path, server):
+    import torch
+
+    from tests.trainer._workers import server_mode_rank
+    from trl_gptoss.testing.distributed import launch
+
+    state_path = tmp_path / "taught.pt"
+    torch.save(taught[0], state_path)
+    results = launch(
+        server_mode_rank, 2, tmp_path / "run", server.base_url, str(state_path), str(tmp_path / "out"), 1, timeout=900
+    )
+    pushes = [p for r in results for p in r["pushes"]]
+    requests = [q for r in results for q in r["requests"]]
+    assert len(pushes) == 2 * 2 and len(requests) >= 2 * 3 * 2  # every rank joins 2 pushes and samples 3 batches
+    clashes = [(q, p) for q in requests for p in pushes if q[0] < p[1] and p[0] < q[1]]
+    assert clashes == [], "a rank was sampling while weights were pushed"
+    for r in results:
+        assert r["staleness"] == [0.0, 1.0, 1.0] and r["ratio"] == [0.0, 0.0, 0.0]
+        assert r["diff"][0] <= 1e-4 < min(r["diff"][1:])
