@@ -1,12 +1,12 @@
 """A small asyncio HTTP/1.1 client for JSON calls to one server: keep-alive connections, no threads.
 
-Requests are written and answers read by the event loop that awaits them, so a rollout's engine call costs no
-hand-off to a worker thread (under load, waiting for a thread and the GIL to carry a request out and back took
-tens of milliseconds per call). Connections belong to the event loop that opened them: each loop gets its own
-pool of at most ``max_connections`` connections to the server (callers beyond that wait for one to free up),
-and the pool is closed when that loop's tasks are cancelled at its end (``asyncio.run`` does this), or by
-``aclose()``. A caller that runs a fresh loop per batch (``run_rollouts`` from any thread) therefore reuses
-connections within the batch and leaves none open after it.
+Requests are written and answers read by the event loop that awaits them, so a rollout's engine call needs no
+worker thread, and never waits for one (or for the GIL) to carry the request out and the answer back.
+Connections belong to the event loop that opened them: each loop gets its own pool of at most
+``max_connections`` connections to the server (callers beyond that wait for one to free up), and the pool is
+closed when that loop's tasks are cancelled at its end (``asyncio.run`` does this), or by ``aclose()``. A
+caller that runs a fresh loop per batch (``run_rollouts`` from any thread) therefore reuses connections within
+the batch and leaves none open after it.
 
 Answers are read with ``Content-Length``, ``Transfer-Encoding: chunked`` or until the server closes the
 connection. Every failure to get a complete answer (refused or reset connection, no connection within
@@ -152,6 +152,8 @@ class AsyncHTTPClient:
     def _pool(self) -> _Pool:
         loop = asyncio.get_running_loop()
         with self._lock:
+            for stale in [other for other in self._pools if other.is_closed()]:
+                del self._pools[stale]  # a loop closed without cancelling its tasks: nothing can run there now
             pool = self._pools.get(loop)
             if pool is None or pool.closed:
                 pool = self._pools[loop] = _Pool(self.max_connections)
