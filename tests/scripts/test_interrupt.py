@@ -205,13 +205,19 @@ def _wait_for_folder(demo: subprocess.Popen, folder: Path, log: Path) -> None:
 @pytest.mark.vllm
 @pytest.mark.xdist_group("vllm")
 @pytest.mark.parametrize(
-    "sig, moment",
-    [(signal.SIGINT, "mid-step"), (signal.SIGINT, "mid-save"), (signal.SIGTERM, "mid-step")],
-    ids=["ctrl-c-mid-step", "ctrl-c-mid-save", "sigterm-mid-step"],
+    "sig, moment, extra",
+    [
+        (signal.SIGINT, "mid-step", []),
+        (signal.SIGINT, "mid-save", []),
+        (signal.SIGTERM, "mid-step", []),
+        # max_staleness=1: at this moment the next batch is being sampled on the rollout thread (tools included)
+        (signal.SIGTERM, "mid-step", ["--max_staleness", "1"]),
+    ],
+    ids=["ctrl-c-mid-step", "ctrl-c-mid-save", "sigterm-mid-step", "sigterm-mid-overlapped-generation"],
 )
-def test_stop_signal_stops_server_and_sandboxes_and_keeps_the_last_checkpoint(tmp_path, sig, moment):
+def test_stop_signal_stops_server_and_sandboxes_and_keeps_the_last_checkpoint(tmp_path, sig, moment, extra):
     out, log = tmp_path / "run", tmp_path / "demo.log"
-    demo = _start_demo(out, log)
+    demo = _start_demo(out, log, extra)
     recorded: list[psutil.Process] = []
     port = None
     try:
