@@ -11,7 +11,8 @@ phases must be compared by their share of the step, not only by seconds.
     .venv/bin/python benchmarks/bench_demo.py --json benchmarks/results/demo_cpu.json -- \
         --max_steps 3 --warmstart_steps 20 --output_dir /tmp/demo-prof
 
-Everything after ``--`` is passed to the job (``--config`` defaults to the demo YAML).
+Everything after ``--`` is passed to the job (``--config`` defaults to the demo YAML); ``--make`` runs it as
+``make demo DEMO_ARGS="..."``, so the virtualenv checks of the Makefile are inside the measured wall.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import signal
 import statistics
 import subprocess
@@ -81,14 +83,19 @@ def _cmdline(pid: int) -> str:
 
 
 class MemorySampler(threading.Thread):
-    """Peak summed RSS/PSS of a process tree, plus the peak RSS per command line."""
+    """Peak summed RSS/PSS of a process tree, plus the peak RSS of each process.
+
+    Processes are keyed by pid and named by their last command line: vLLM's engine core and worker start as
+    ``multiprocessing.spawn`` children and rename themselves (``VLLM::EngineCore``, ``VLLM::Worker``) once
+    their imports are done, so keying by command line would list each of them twice.
+    """
 
     def __init__(self, root: int, every_s: float):
         super().__init__(daemon=True)
         self.root, self.every_s = root, every_s
         self.peak_rss = self.peak_pss = 0
         self.peak_at = 0.0
-        self.per_process: dict[str, int] = {}
+        self.per_pid: dict[int, tuple[str, int]] = {}  # pid -> (last command line, peak RSS KiB)
         self.at_peak: dict[str, int] = {}  # PSS of every process of the tree when the summed PSS peaked
         self.stop_event = threading.Event()
         self.start_time = time.perf_counter()
@@ -102,7 +109,8 @@ class MemorySampler(threading.Thread):
                 total_rss += rss
                 total_pss += pss
                 name = _cmdline(pid)
-                self.per_process[name] = max(self.per_process.get(name, 0), rss)
+                old_name, old_rss = self.per_pid.get(pid, ("", 0))
+                self.per_pid[pid] = (name or old_name, max(rss, old_rss))
                 snapshot[f"{pid} {name}"] = pss
             if total_pss > self.peak_pss:
                 self.peak_pss, self.peak_at = total_pss, time.perf_counter() - self.start_time
@@ -126,7 +134,11 @@ def _lines(stream):
         yield pending.decode(errors="replace")
 
 
-def run_job(job_args: list[str], sample_s: float, log_path: Path | None) -> dict:
+def job_command(job_args: list[str], via_make: bool) -> list[str]:
+    """``make demo DEMO_ARGS=...`` (the user's path: the virtualenv stamps are checked, and rebuilt when stale,
+    inside the timed wall) or the ``accelerate launch`` line that target runs."""
+    if via_make:
+        return ["make", "--no-print-directory", "demo", f"DEMO_ARGS={shlex.join(job_args)}"]
     command = [
         str(REPO / ".venv/bin/accelerate"),
         "launch",
@@ -143,7 +155,10 @@ def run_job(job_args: list[str], sample_s: float, log_path: Path | None) -> dict
     ]
     if "--config" not in job_args:
         command += ["--config", "examples/configs/retool_cpu_demo.yaml"]
-    command += job_args
+    return command + job_args
+
+
+def run_job(command: list[str], sample_s: float, log_path: Path | None) -> dict:
     env = {**os.environ, **DEMO_ENV}
     start = time.perf_counter()
     loads = [_load()]
@@ -182,7 +197,9 @@ def run_job(job_args: list[str], sample_s: float, log_path: Path | None) -> dict
         "peak_rss_gib": round(sampler.peak_rss / 2**20, 2),
         "peak_pss_gib": round(sampler.peak_pss / 2**20, 2),
         "peak_pss_at_s": round(sampler.peak_at, 1),
-        "peak_rss_by_process_mib": {k: round(v / 1024) for k, v in sorted(sampler.per_process.items()) if v > 50_000},
+        "peak_rss_by_process_mib": {
+            f"{pid} {name}": round(rss / 1024) for pid, (name, rss) in sorted(sampler.per_pid.items()) if rss > 50_000
+        },
         "pss_at_peak_mib": {k: round(v / 1024) for k, v in sorted(sampler.at_peak.items(), key=lambda kv: -kv[1])},
         "load_1min": {"min": min(loads), "max": max(loads), "mean": round(statistics.fmean(loads), 2)},
     }
@@ -217,11 +234,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--log", type=Path, help="write the job's time-stamped output here")
     parser.add_argument("--sample_s", type=float, default=0.5)
     parser.add_argument("--label", default="demo")
+    parser.add_argument("--make", action="store_true", help="run `make demo DEMO_ARGS=...` (stamps checked)")
     args = parser.parse_args(argv[:split])
     signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     job_args = argv[split + 1 :]
-    result = {"label": args.label, "cores": os.cpu_count(), **run_job(job_args, args.sample_s, args.log)}
+    result = {
+        "label": args.label,
+        "cores": os.cpu_count(),
+        **run_job(job_command(job_args, args.make), args.sample_s, args.log),
+    }
     output_dir = job_args[job_args.index("--output_dir") + 1] if "--output_dir" in job_args else None
     if output_dir:
         result.update(step_breakdown(Path(output_dir)))
