@@ -8,8 +8,8 @@ allocated (and resident) in full at start-up, so it is sized from what the serve
 (``cpu_kv_cache_bytes``) rather than vLLM's default share of the machine's memory.
 
 Rollouts send token ids and read token ids (``return_tokens_as_token_ids``), so the server starts without a
-tokenizer (``--skip-tokenizer-init``): the 201k-token o200k tokenizer otherwise costs about 350 MiB in each of
-the API server and the engine core (``load_tokenizer=True`` for text prompts).
+tokenizer (``--skip-tokenizer-init``): otherwise both the API server and the engine core load the model's
+tokenizer, for o200k (201k entries) the largest part of their memory (``load_tokenizer=True`` for text prompts).
 
 Flags weight sync needs: ``VLLM_SERVER_DEV_MODE=1`` (``/collective_rpc``, ``/reset_prefix_cache``), the worker
 extension ``gptoss_vllm_worker.GptOssWeightSyncExtension`` (a file importable without trl_gptoss, put on the
