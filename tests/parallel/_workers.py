@@ -123,13 +123,16 @@ def reference_step(dtype, batches, world, head: HeadConfig | None = None, entrop
 
 
 def wrap(model, how, rank, world):
-    """``(wrapped model, accelerator or None)``: torch DDP, torch FSDP2, or accelerate's DDP preparation."""
+    """``(wrapped model, accelerator or None)``: torch DDP, torch FSDP2 (decoder layers + root, and ``lm_head``
+    as a unit of its own for "fsdp2-head"), or accelerate's DDP preparation."""
     if how == "ddp":
         return DistributedDataParallel(model), None
-    if how == "fsdp2":
+    if how in ("fsdp2", "fsdp2-head"):
         mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (world,))
         for layer in model.model.layers:
             fully_shard(layer, mesh=mesh)
+        if how == "fsdp2-head":  # lm_head its own unit: its weight is whole only inside its own forward
+            fully_shard(model.lm_head, mesh=mesh)
         return fully_shard(model, mesh=mesh), None
     if how == "accelerate":
         # accelerate adopts the gloo group the harness initialised; these variables make it see MULTI_CPU

@@ -131,3 +131,4 @@ def test_prepare_accepts_lora_elsewhere_and_restores_forward():
     torch.testing.assert_close(result.token_logps[:, 1:], plain.gather(-1, ids[:, 1:, None])[..., 0])
     assert any(p.grad is not None for n, p in model.named_parameters() if "lora_" in n)
     assert "forward" not in model.get_base_model().__dict__
+    assert "forward" not in model.get_base_model().lm_head.__dict__

@@ -46,6 +46,7 @@ WORLD2.append(_scenario(2, "ddp", "eager", "float64"))
 WORLD2.append(_scenario(2, "accelerate", "fa3_sink"))  # accelerate's prepare/no_sync/backward
 WORLD2 += [_scenario(2, "ddp", "eager", "float64", **TEMPERED), _scenario(2, "fsdp2", "fa3_sink", **TEMPERED)]
 WORLD2.append(_scenario(2, "fsdp2", "eager", "float64", batch="hostile", **TEMPERED))
+WORLD2.append(_scenario(2, "fsdp2-head", "fa3_sink", "float64", **TEMPERED))
 WORLD4 = [_scenario(4, wrap, inner) for wrap in ("ddp", "fsdp2") for inner in ("eager", "fa3_sink")]
 WORLD4.append(_scenario(2, "fsdp2", "fa3_sink"))  # two SP groups of 2 inside a data-parallel world of 4
 WORLD4.append(_scenario(4, "ddp", "fa3_sink", **TEMPERED))

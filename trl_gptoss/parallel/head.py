@@ -7,10 +7,11 @@ states ``[T/n, H]`` and ``selective_logprobs`` turns the labelled ones into ``lo
 
     z_t = (h_t @ W.T + b) / T,    logp_t = z_t[y_t] - logsumexp(z_t),    H_t = -sum_v p_tv log p_tv
 
-The computation runs inside the model's own ``forward`` (swapped on the bare ``*ForCausalLM`` for the
-duration of one call), so every wrapper's hooks run as for any forward: DDP prepares its reducer, FSDP2
-all-gathers the root's parameters (``lm_head.weight`` is a plain tensor there, not a DTensor shard) and
-reduce-scatters their gradients, PEFT's wrapper passes the call through.
+Both halves run as the modules' own forwards (swapped on the bare ``*ForCausalLM`` and on its ``lm_head`` for
+the duration of one call), so every wrapper's hooks run as for any forward: DDP prepares its reducer; FSDP2
+all-gathers the root's parameters and ``lm_head``'s (its own unit under accelerate's preparation) before the
+projection, gathers them again before its backward and reduce-scatters their gradients; PEFT's wrapper passes
+the call through.
 """
 
 from __future__ import annotations
@@ -59,26 +60,16 @@ def bare_causal_lm(module):
 
 
 def output_head(model) -> torch.nn.Linear:
-    """The output projection; refuses heads that are not a plain ``nn.Linear`` (reading the base weight of a
-    PEFT adapter on ``lm_head`` would silently skip the adapter)."""
+    """The output projection; refuses heads that are not an ``nn.Linear`` (FSDP2's ``FSDPLinear`` is one; a PEFT
+    adapter on ``lm_head`` is not, and running its base weight alone would silently skip the adapter)."""
     head = model.get_output_embeddings()
-    if type(head) is not torch.nn.Linear:
+    if not isinstance(head, torch.nn.Linear):
         raise ValueError(
             f"sequence parallelism reads lm_head's weight directly, but lm_head is a "
             f"{type(head).__module__}.{type(head).__qualname__}; "
             "leave lm_head out of the adapter targets (LoRA target_modules, modules_to_save) or use sp_size=1"
         )
     return head
-
-
-def head_parameters(model) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(weight [V, H], bias [V] | None)`` of ``output_head(model)`` as plain tensors. Inside the FSDP2 root's
-    forward they already are; a head sharded on its own is gathered (every rank runs the same forward)."""
-    head = output_head(model)
-    weight, bias = head.weight, head.bias
-    if hasattr(weight, "full_tensor"):
-        weight, bias = weight.full_tensor(), None if bias is None else bias.full_tensor()
-    return weight, bias
 
 
 def token_values(hidden, weight, bias, labels, config: HeadConfig):
@@ -104,28 +95,39 @@ def token_values(hidden, weight, bias, labels, config: HeadConfig):
     return logp, entropy
 
 
+def _head_forward(self, hidden, *, token_labels, head_config):
+    """``lm_head``'s swapped-in ``forward``: ``hidden [t, H]`` -> ``token_values`` with its own parameters."""
+    return token_values(hidden, self.weight, self.bias, token_labels, head_config)
+
+
 def _token_forward(self, input_ids=None, position_ids=None, *, token_labels, head_config, **unused):
-    """The swapped-in ``forward``: backbone -> ``token_values`` of this rank's shard ``[1, t]``."""
+    """The model's swapped-in ``forward``: backbone, then ``lm_head`` (its hooks run) on this rank's shard."""
     extra = sorted(k for k, v in unused.items() if v is not None)
     if extra:  # PEFT's wrapper passes its own keywords as None; anything set would be silently dropped
         raise ValueError(f"the sequence-parallel forward takes no {extra}")
     hidden = self.base_model(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
-    weight, bias = head_parameters(self)
-    return token_values(hidden[0], weight, bias, token_labels, head_config)
+    return self.get_output_embeddings()(hidden[0], token_labels=token_labels, head_config=head_config)
+
+
+@contextlib.contextmanager
+def _swapped_forward(module, forward):
+    had_own = "forward" in module.__dict__
+    previous = module.__dict__.get("forward")
+    module.forward = types.MethodType(forward, module)
+    try:
+        yield
+    finally:
+        if had_own:
+            module.forward = previous
+        else:
+            del module.forward
 
 
 @contextlib.contextmanager
 def token_values_forward(module):
     """Within the block, ``model(input_ids=, position_ids=, token_labels=, head_config=)`` returns
-    ``token_values`` instead of logits; ``module`` is the unwrapped model (DDP/FSDP2 wrappers removed)."""
+    ``token_values`` of the shard instead of logits; ``module`` is the unwrapped model (DDP/FSDP2 wrappers
+    removed, PEFT's kept)."""
     bare = bare_causal_lm(module)
-    had_own = "forward" in bare.__dict__
-    previous = bare.__dict__.get("forward")
-    bare.forward = types.MethodType(_token_forward, bare)
-    try:
+    with _swapped_forward(bare, _token_forward), _swapped_forward(output_head(bare), _head_forward):
         yield
-    finally:
-        if had_own:
-            bare.forward = previous
-        else:
-            del bare.forward
