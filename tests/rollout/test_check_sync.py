@@ -130,22 +130,30 @@ class TestAgainstServer:
         assert all(torch.equal(p, before[n]) for n, p in model.named_parameters()), "the model was not restored"
         assert torch.equal(server_logprobs(engine, PROMPTS), found), "the server was not left on the checkpoint"
 
-    def test_cli_passes_every_group_on_every_url(self, served, tiny_checkpoint, capsys):
+    def test_cli_passes_every_group(self, served, tiny_checkpoint, capsys):
         engine, _, found = served
-        # one server under two URLs: the multi-server path (one push per URL, each scored) without a 2nd start
-        second = engine.base_url.replace("127.0.0.1", "localhost")
-        argv = ["check-sync", "--server", engine.base_url, "--server", second, "--model", str(tiny_checkpoint)]
+        argv = ["check-sync", "--server", engine.base_url, "--model", str(tiny_checkpoint)]
         argv += ["--device", "cpu", "--num-prompts", "3", "--prompt-len", "24", "--fresh", "found", "--json"]
         code = main(argv)
         report = json.loads(capsys.readouterr().out)
         assert code == 0, report["failed"]
-        assert [s["url"] for s in report["servers"]] == [engine.base_url, second]
+        assert [s["url"] for s in report["servers"]] == [engine.base_url]
         assert report["servers"][0]["dtype"] == "float32"
         groups = {c["group"]: c for c in report["checks"] if c["check"] == "group"}
         assert list(groups) == list(GROUPS)
         for group, check in groups.items():
             assert check["effect"] > 1e-2, f"perturbing {group} is too small to test anything"
             assert all(s["verdict"] == "ok" and s["error"] <= 1e-4 for s in check["servers"]), check
+        assert torch.equal(server_logprobs(engine, PROMPTS), found)
+
+    def test_cli_refuses_one_server_listed_under_two_urls(self, served, tiny_checkpoint, capsys):
+        """A push holds one reload session per server: the second URL of the same server is named, and the
+        server is left serving the checkpoint (two servers: tests/trainer/test_fsdp2_servers.py)."""
+        engine, _, found = served
+        second = engine.base_url.replace("127.0.0.1", "localhost")
+        argv = ["check-sync", "--server", engine.base_url, "--server", second, "--model", str(tiny_checkpoint)]
+        assert main([*argv, "--device", "cpu", "--num-prompts", "1", "--prompt-len", "8"]) == 2
+        assert "listed twice" in capsys.readouterr().err
         assert torch.equal(server_logprobs(engine, PROMPTS), found)
 
     def test_cli_table_and_exit_code_on_a_missing_server(self, served, tiny_checkpoint, capsys):

@@ -5,10 +5,12 @@ per server and feeds each the layers ``push_layers`` yields; the other ranks onl
 A failure on the pushing rank still walks the remaining gathers (so no rank hangs in a collective), then every
 rank raises. The server side is the worker extension ``vllm_worker/gptoss_vllm_worker.py``:
 
-- CPU (``HTTPWeightPusher``): generation paused (``/pause?mode=wait``) until the push ends; each layer's
-  tensors are written as one safetensors file in shared memory (``/dev/shm``; base64 in the request body when
-  the server is not on this host) and applied by ``/collective_rpc`` -> ``gptoss_load_weights`` (one vLLM
-  reload per layer); every worker's answer lists the names it applied.
+- CPU (``HTTPWeightPusher``): generation paused (``/pause?mode=wait``) until the push ends; ONE reload
+  session for the whole model (``gptoss_start_reload``, one ``gptoss_load_weights`` per layer with that
+  layer's reload-route tensors, ``gptoss_finish_reload``), then one ``gptoss_load_weights`` per layer for the
+  sinks and experts that reload drops (written directly). Each group is one safetensors file in shared memory
+  (``/dev/shm``; base64 in the request body when the server is not on this host), sent over
+  ``/collective_rpc``; every worker's answer lists the names it applied.
 - GPU (``NCCLWeightPusher``): generation paused (``/pause?mode=wait``); ONE reload session for the whole
   model (``/start_weight_update``, one ``/update_weights`` + packed NCCL broadcast per layer,
   ``/finish_weight_update``), then one direct pass for the sinks and experts that reload drops
@@ -63,7 +65,7 @@ def reset_prefix_cache(engine) -> None:
 class HTTPWeightPusher:
     """CPU push over ``/collective_rpc`` (see the module docstring). ``last_push`` holds bytes and seconds."""
 
-    passes = ("all",)
+    passes = ("reload", "direct")
 
     def __init__(self, engine, info: dict):
         self.engine = engine
@@ -71,22 +73,29 @@ class HTTPWeightPusher:
         local = urlparse(engine.base_url).hostname in _LOCAL_HOSTS
         self.shared_dir = ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()) if local else None
         self.last_push: dict = {}
+        self._paused = self._reloading = False
 
     def begin(self, layout: dict[str, list[int]]) -> None:
         check_layout(layout, self.layout, self.engine.base_url)
         self._started, self._sent = time.perf_counter(), 0
-        self._server_seconds = {"read": 0.0, "reload": 0.0, "direct": 0.0}
+        self._server_seconds = {"read": 0.0, "reload": 0.0, "direct": 0.0, "finish_reload": 0.0}
+        self._calls = {"start_reload": 0, "load": 0, "finish_reload": 0}
         self.engine.request("POST", "/pause?mode=wait")  # requests in flight finish on the old weights first
         self._paused = True
 
     def send(self, pass_name: str, group: list[tuple[str, torch.Tensor]]) -> None:
+        if pass_name == "reload" and not self._reloading:  # opened on the first group: no empty sessions
+            collective_rpc(self.engine, "gptoss_start_reload")
+            self._reloading = True
+            self._calls["start_reload"] += 1
         tensors = {n: t.detach().to("cpu", self.dtype).contiguous() for n, t in group}
         self._sent += sum(t.numel() * t.element_size() for t in tensors.values())
         for key, value in self._apply(tensors).items():
             self._server_seconds[key] += value
 
     def end_pass(self, pass_name: str) -> None:
-        pass
+        if pass_name == "reload" and self._reloading:
+            self._finish_reload()
 
     def finish(self) -> None:
         reset_prefix_cache(self.engine)
@@ -97,15 +106,29 @@ class HTTPWeightPusher:
             "seconds": seconds,
             "gb_per_s": self._sent / 1e9 / seconds,
             "server_seconds": self._server_seconds,
+            "calls": self._calls,
         }
 
     def abort(self) -> None:
-        if getattr(self, "_paused", False):
-            self._paused = False
-            self.engine.request("POST", "/resume")
+        """Leave the server serving: close an open reload session (layers nothing reached keep their old
+        weights), then resume generation."""
+        try:
+            if self._reloading:
+                self._finish_reload()
+        finally:
+            if self._paused:
+                self._paused = False
+                self.engine.request("POST", "/resume")
+
+    def _finish_reload(self) -> None:
+        self._reloading = False
+        results = collective_rpc(self.engine, "gptoss_finish_reload")
+        self._calls["finish_reload"] += 1
+        self._server_seconds["finish_reload"] += results[0]["seconds"]
 
     def _apply(self, tensors: dict[str, torch.Tensor]) -> dict[str, float]:
         """Send one group; returns the first worker's time split (read / reload / direct load + repack)."""
+        self._calls["load"] += 1
         if self.shared_dir is None:
             source = {"b64": base64.b64encode(save(tensors)).decode()}
             results = collective_rpc(self.engine, "gptoss_load_weights", json.dumps(source))
@@ -139,7 +162,9 @@ def _plan(make_pushers, to_rank: int) -> tuple[list, dict]:
             pushers = list(make_pushers())
             kinds = {tuple(p.passes) for p in pushers}
             if len(kinds) != 1:
-                raise ValueError("weight push: all servers must use the same transport (all CPU or all NCCL)")
+                raise ValueError(
+                    "weight push: the servers' pushers take different passes; push to one kind of server at a time"
+                )
             plan = {"passes": list(kinds.pop()), "dtype": str(pushers[0].dtype).removeprefix("torch.")}
         except Exception as exc:
             plan = {"error": f"{type(exc).__name__}: {exc}"}

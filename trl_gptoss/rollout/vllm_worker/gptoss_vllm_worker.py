@@ -10,9 +10,10 @@ writes the attention sinks and the expert tensors with a plain ``param.copy_`` (
 a reload those writes land on meta tensors and are lost: the server keeps the OLD sinks and experts. And the
 CPU MoE kernel re-packs w13/w2 into its grouped-GEMM layout only when the model is first loaded
 (``_setup_kernel`` skips it on weight updates), so experts written in place must be re-packed here. So:
-non-sink, non-expert tensors go through ``reload_weights`` (which re-runs each layer's weight processing, e.g.
-the oneDNN packing of Linear weights), then sinks and experts through ``load_weights`` into the live
-parameters, then expert weights are re-packed with the kernel's own ISA. Measurements: docs/rollouts.md
+non-sink, non-expert tensors go through vLLM's layerwise reload (which re-runs each layer's weight processing,
+e.g. the oneDNN packing of Linear weights) -- one session per push (``gptoss_start_reload``, a load per layer,
+``gptoss_finish_reload``) -- then sinks and experts through ``load_weights`` into the live parameters, then
+expert weights are re-packed with the kernel's own ISA. Measurements: docs/rollouts.md
 ("Weight sync").
 """
 
@@ -70,15 +71,60 @@ class GptOssWeightSyncExtension:
             "weight_transfer_backend": getattr(transfer, "backend", None),
         }
 
+    def gptoss_start_reload(self) -> None:
+        """Open ONE layerwise reload session for a whole push: every layer's parameters go to meta until a
+        ``gptoss_load_weights`` call brings that layer's (reload-route) tensors; ``gptoss_finish_reload`` puts
+        back the kernel tensors of modules nothing was loaded into. Sinks and experts are not accepted while
+        the session is open (they would land on meta): send them after it is finished."""
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        if getattr(self, "_gptoss_reloading", False):
+            raise RuntimeError(
+                "gptoss_start_reload: a reload session is already open on this server: another push is in "
+                "progress, or the same server is listed twice (under two URLs); list each server once"
+            )
+        with _vllm_config(self.vllm_config):
+            initialize_layerwise_reload(self.model_runner.get_model())
+        self._gptoss_reloading = True
+
+    def gptoss_finish_reload(self) -> dict:
+        """Close the session ``gptoss_start_reload`` opened (runs each layer's weight processing that was
+        deferred, e.g. attention's); drops the state derived from the old weights as ``reload_weights`` does."""
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        if not getattr(self, "_gptoss_reloading", False):
+            raise RuntimeError("gptoss_finish_reload: no reload session is open (call gptoss_start_reload first)")
+        started = time.perf_counter()
+        try:
+            with _vllm_config(self.vllm_config):
+                finalize_layerwise_reload(self.model_runner.get_model(), self.vllm_config.model_config)
+        finally:
+            self._gptoss_reloading = False
+        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
+            getattr(self.model_runner, reset, lambda: None)()
+        return {"seconds": time.perf_counter() - started}
+
     def gptoss_load_weights(self, source: str) -> dict:
         """Apply one group of checkpoint-format tensors; ``source`` is JSON ``{"path": safetensors file}`` or
-        ``{"b64": base64 safetensors bytes}``. Returns the names applied by each route."""
+        ``{"b64": base64 safetensors bytes}``. Inside a ``gptoss_start_reload`` session the group's tensors are
+        loaded into that session (sinks and experts refused); outside one, the group is reloaded on its own
+        (one session for this group) and its sinks/experts are written directly. Returns the names applied by
+        each route."""
         started = time.perf_counter()
         tensors = _read_source(source)
         reload = [(n, t) for n, t in tensors.items() if not loads_directly(n)]
         direct = [(n, t) for n, t in tensors.items() if loads_directly(n)]
+        session = getattr(self, "_gptoss_reloading", False)
+        if session and direct:
+            raise ValueError(
+                f"gptoss_load_weights: {direct[0][0]!r} loads directly and a reload session is open (it would land "
+                "on meta); send sinks and experts after gptoss_finish_reload"
+            )
         read = time.perf_counter()
-        if reload:
+        if reload and session:
+            with _vllm_config(self.vllm_config), torch.no_grad():
+                self.model_runner.get_model().load_weights(iter(reload))
+        elif reload:
             self.model_runner.reload_weights(weights_iterator=iter(reload), is_checkpoint_format=True)
         reloaded = time.perf_counter()
         repacked = self._gptoss_load_direct(direct) if direct else []
@@ -120,6 +166,12 @@ class GptOssWeightSyncExtension:
             model.load_weights(named)
             _refresh_sink_copies(model, names, self.vllm_config.model_config.dtype)
             return _repack_experts(model, names)
+
+
+def _vllm_config(config):
+    from vllm.config import set_current_vllm_config
+
+    return set_current_vllm_config(config)
 
 
 def _refresh_sink_copies(model: torch.nn.Module, names: set[str], dtype: torch.dtype) -> list[str]:
