@@ -1,4 +1,5 @@
-"""sp_size=2 (sink-aware Ulysses in the loss pass) trains exactly like sp_size=1 on the same two processes."""
+"""sp_size=2 (sink-aware Ulysses in the loss pass) trains exactly like sp_size=1 on the same two processes; what
+SP refuses and accepts at construction. SP 2 under FSDP2 with temperature and entropy bonus: test_fsdp2_sp.py."""
 
 import math
 
@@ -42,7 +43,8 @@ def test_sp_refuses_what_it_cannot_compute(tokenizer, tmp_path):
             tools=[],
         )
     args.sp_size = 2
-    with pytest.raises(ValueError, match="entropy_coef"):
+    args.top_entropy_quantile = 0.5
+    with pytest.raises(ValueError, match="top_entropy_quantile < 1 .its quantile spans every rank's micro-batch"):
         GptOssGRPOTrainer(
             tiny_gpt_oss(),
             lambda completions, **kw: [0.0] * len(completions),
@@ -51,3 +53,19 @@ def test_sp_refuses_what_it_cannot_compute(tokenizer, tmp_path):
             processing_class=tokenizer,
             tools=[],
         )
+
+
+def test_sp_accepts_temperature_and_the_entropy_bonus(tmp_path):
+    """Both are computed by the SP head now: only what it cannot compute is refused, naming the field."""
+    from trl_gptoss.trainer.sequence_parallel import check_sequence_parallel, sequence_parallel_head
+
+    args = grpo_args(tmp_path, temperature=0.7, entropy_coef=0.05, gradient_checkpointing=False)
+    args.sp_size = 2
+    check_sequence_parallel(args, tiny_gpt_oss().config)
+    head = sequence_parallel_head(args)
+    assert (head.temperature, head.entropy, head.entropy_grad) == (0.7, True, True)
+    args.entropy_coef = 0.0
+    assert not sequence_parallel_head(args).entropy_grad  # entropies for the metric only: no backward term
+    args.use_adaptive_entropy = True
+    with pytest.raises(ValueError, match="use_adaptive_entropy"):
+        check_sequence_parallel(args, tiny_gpt_oss().config)

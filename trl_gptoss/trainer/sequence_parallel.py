@@ -2,8 +2,9 @@
 
 TRL refuses sequence parallelism because it builds model inputs after generation; here the whole rollout
 batch already exists when the loss runs, so the packed micro-batch is sharded along the sequence by the runner
-(sink-aware Ulysses), the per-token log-probs come back to their owner rank, and TRL's own ``_compute_loss``
-turns them into the loss. The runner must run backward itself (the SP group interleaves its members'
+(sink-aware Ulysses), the per-token log-probs and entropies of the tempered distribution (computed by
+``selective_logprobs``, never as ``[T, V]`` logits) come back to their owner rank, and TRL's own
+``_compute_loss`` turns them into the loss. The runner must run backward itself (the SP group interleaves its members'
 micro-batches), so Trainer's ``backward`` receives a leaf holding the loss value: it touches no parameter.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from trl_gptoss.parallel import ContextParallelPlugin, prepare_context_parallel
+from trl_gptoss.parallel import ContextParallelPlugin, HeadConfig, prepare_context_parallel
 
 
 def check_sequence_parallel(args, model_config) -> ContextParallelPlugin:
@@ -19,9 +20,10 @@ def check_sequence_parallel(args, model_config) -> ContextParallelPlugin:
     plugin = ContextParallelPlugin(sp_size=args.sp_size, inner_attention=args.attn_implementation)
     plugin.check_model(model_config)
     unsupported = {
-        "temperature != 1.0 (the SP log-probs are untempered)": args.temperature != 1.0,
-        "entropy_coef != 0 or top_entropy_quantile < 1 (SP computes no entropies)": args.entropy_coef != 0
-        or args.top_entropy_quantile < 1.0,
+        "top_entropy_quantile < 1 (its quantile spans every rank's micro-batch; the SP owner loop computes the "
+        "entropies of one micro-batch at a time)": args.top_entropy_quantile < 1.0,
+        "use_adaptive_entropy (its window entropy is reduced over all ranks, which are inside the owner loop's "
+        "collectives then)": bool(args.use_adaptive_entropy),
         "router_aux_loss_coef != 0 (SP computes no router aux loss)": bool(args.router_aux_loss_coef),
         "gradient_checkpointing (SP already divides activations by sp_size)": bool(args.gradient_checkpointing),
         "beta != 0 (reference log-probs are not sharded yet)": args.beta != 0.0,
@@ -33,9 +35,16 @@ def check_sequence_parallel(args, model_config) -> ContextParallelPlugin:
     return plugin
 
 
+def sequence_parallel_head(args) -> HeadConfig:
+    """The runner's per-token values for TRL's loss: log-probs and entropies of ``softmax(logits /
+    temperature)``; the entropies carry gradient only when the entropy bonus is on (``entropy_coef != 0``),
+    else they feed the ``entropy`` metric alone and their backward term is skipped."""
+    return HeadConfig(temperature=args.temperature, entropy=True, entropy_grad=args.entropy_coef != 0)
+
+
 class SequenceParallelLoss:
-    """Runs ``trainer._compute_loss`` on log-probs computed by the SP runner (created on first use, when the
-    model is wrapped for data parallelism)."""
+    """Runs ``trainer._compute_loss`` on log-probs and entropies computed by the SP runner (created on first
+    use, when the model is wrapped for data parallelism)."""
 
     def __init__(self, plugin: ContextParallelPlugin):
         self.plugin = plugin
@@ -43,13 +52,16 @@ class SequenceParallelLoss:
 
     def __call__(self, trainer, model, inputs: dict) -> torch.Tensor:
         if self.runner is None:
-            self.runner = prepare_context_parallel(trainer.accelerator, model, self.plugin)
+            head = sequence_parallel_head(trainer.args)
+            self.runner = prepare_context_parallel(trainer.accelerator, model, self.plugin, head)
         input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
         completion = inputs["completion_ids"].size(1)
 
-        def loss_fn(token_logps: torch.Tensor) -> torch.Tensor:  # [B, L]: log p(input_ids[b, t])
-            return trainer.compute_loss_from_logps(model, inputs, token_logps[:, -completion:])
+        def loss_fn(token_logps: torch.Tensor, token_entropies: torch.Tensor) -> torch.Tensor:
+            # [B, L]: log p(input_ids[b, t]) and the entropy of the distribution it was drawn from
+            completion_logps, completion_entropies = token_logps[:, -completion:], token_entropies[:, -completion:]
+            return trainer.compute_loss_from_logps(model, inputs, completion_logps, completion_entropies)
 
         result = self.runner.forward_backward(input_ids, attention_mask, loss_fn)
         return result.loss.detach().clone().requires_grad_(True)
