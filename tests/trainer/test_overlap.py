@@ -145,7 +145,7 @@ def server(taught):
         yield running
 
 
-def _trainer(taught, tokenizer, tmp_path, server, **overrides):
+def _trainer(taught, tokenizer, tmp_path, server, calls=(1, 2, 1, 2, 1, 2), **overrides):
     from trl_gptoss.trainer import GptOssGRPOTrainer
 
     fields = dict(rollout_backend="vllm_server", rollout_server_url=server.base_url, max_staleness=1, max_steps=3)
@@ -154,7 +154,7 @@ def _trainer(taught, tokenizer, tmp_path, server, **overrides):
         load_taught(taught[0]),
         answer_reward,
         args=grpo_args(tmp_path, **fields),
-        train_dataset=prompt_dataset([1, 2, 1, 2, 1, 2]),
+        train_dataset=prompt_dataset(list(calls)),  # one epoch: the read-ahead does not cross epochs
         processing_class=tokenizer,
         tools=[AddTool()],
         rollout_system=SYSTEM,
@@ -266,3 +266,27 @@ def test_two_processes_overlap_their_own_generation_and_push_collectively(taught
     for r in results:
         assert r["staleness"] == [0.0, 1.0, 1.0] and r["ratio"] == [0.0, 0.0, 0.0]
         assert r["diff"][0] <= 1e-4 < min(r["diff"][1:])
+
+
+@pytest.mark.vllm
+@pytest.mark.xdist_group("vllm")
+def test_a_resumed_run_pushes_and_samples_afresh_before_overlapping_again(taught, tokenizer, tmp_path, server):
+    calls = [1, 2] * 4  # 4 steps in one epoch
+    first = _trainer(taught, tokenizer, tmp_path, server, calls, max_steps=2, save_strategy="steps", save_steps=2)
+    first.train()
+    first.close()
+    checkpoint = tmp_path / "checkpoint-2"
+    assert checkpoint.is_dir()
+    resumed = _trainer(taught, tokenizer, tmp_path, server, calls, max_steps=4)
+    pushed = []
+    push = resumed.rollout_backend.engine.push_weights
+    resumed.rollout_backend.engine.push_weights = lambda m: (pushed.append(resumed.state.global_step), push(m))[1]
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    # the checkpoint's weights before the first rollout; batch 4 is sampled with them in the background while
+    # step 3 trains, and no push follows the last step
+    assert pushed == [2]
+    steps = [h for h in resumed.state.log_history if "rollout/staleness" in h and h["step"] > 2]  # after resume
+    assert [h["step"] for h in steps] == [3, 4]
+    assert [h["rollout/staleness"] for h in steps] == [0.0, 1.0]  # nothing sampled before the resume is used
+    assert steps[0]["rollout_corr/abs_logp_diff_max"] <= 1e-4  # the server held the resumed weights
+    resumed.close()

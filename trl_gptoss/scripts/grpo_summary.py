@@ -65,6 +65,7 @@ CARD_FIELDS = (
     "vllm_importance_sampling_mode",
     "logprobs_implementation",
     "sp_size",
+    "max_staleness",
     "num_generations",
     "per_device_train_batch_size",
     "gradient_accumulation_steps",

@@ -9,6 +9,8 @@ Hooks over ``GRPOTrainer`` (everything else -- sampler, rewards, advantages, los
   the policy's log-probs, the rollout-correction weights and ``policy/ratio_max_abs_dev``. Outside a loss pass
   the same hook is the old-log-prob pass (R3 records there).
 - ``create_model_card``: name, base checkpoint, a working Harmony quick start, training curves.
+- ``get_batch_samples`` / ``_prepare_inputs`` (``max_staleness=1`` only): read the next update's batch ahead and
+  sample it in the background (``trl_gptoss.trainer.overlap``) while this update trains; pushes wait for it.
 
 On-policy rule: ``use_vllm`` stays False, so TRL computes old log-probs only when
 ``gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0``; otherwise its loss uses
