@@ -19,12 +19,14 @@ class LossPass:
     """One micro-batch's loss computation.
 
     ``inputs``: a shallow copy of TRL's batch dict (the correction replaces its ``"advantages"``; TRL reuses the
-    buffered original for every iteration). ``logps``: ``[B, T]`` completion log-probs computed elsewhere (SP),
-    or None. ``scope``: contexts that must outlive the forward (closed after backward, or at once in eval).
+    buffered original for every iteration). ``logps``, ``entropies``: ``[B, T]`` completion log-probs and
+    entropies computed elsewhere (SP), or None. ``scope``: contexts that must outlive the forward (closed after
+    backward, or at once in eval).
     """
 
     inputs: dict
     logps: torch.Tensor | None = None
+    entropies: torch.Tensor | None = None
     scope: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     logps_taken: bool = False
 

@@ -279,23 +279,25 @@ class GptOssGRPOTrainer(GRPOTrainer):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         return self.sp_loss(self, model, inputs)
 
-    def _compute_loss(self, model, inputs, logps: torch.Tensor | None = None):
-        """TRL's loss on ``inputs``; ``logps [B, T]``: the policy's completion log-probs when already computed
-        (SP). Opens the ``LossPass`` the log-prob hook reads."""
+    def _compute_loss(self, model, inputs, logps: torch.Tensor | None = None, entropies: torch.Tensor | None = None):
+        """TRL's loss on ``inputs``; ``logps, entropies [B, T]``: the policy's completion log-probs and entropies
+        when already computed (SP). Opens the ``LossPass`` the log-prob hook reads."""
         self._end_loss_pass()
-        self._loss_pass = LossPass(dict(inputs), logps=logps)
+        self._loss_pass = LossPass(dict(inputs), logps=logps, entropies=entropies)
         try:
             return super()._compute_loss(model, self._loss_pass.inputs)
         finally:
             if not self.model.training:
                 self._end_loss_pass()
 
-    def compute_loss_from_logps(self, model, inputs, logps: torch.Tensor) -> torch.Tensor:
+    def compute_loss_from_logps(
+        self, model, inputs, logps: torch.Tensor, entropies: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The loss of one micro-batch from log-probs computed by the SP runner, with this process's metrics
         kept local: only the owner rank runs it while its peers are inside the runner's collectives."""
         accelerator, self.accelerator = self.accelerator, LocalCollectives(self.accelerator)
         try:
-            return self._compute_loss(model, inputs, logps=logps)
+            return self._compute_loss(model, inputs, logps=logps, entropies=entropies)
         finally:
             self.accelerator = accelerator
 
@@ -313,9 +315,14 @@ class GptOssGRPOTrainer(GRPOTrainer):
                 return self._logps_outside_loss(
                     model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, *args, **kwargs
                 )
-        if loss_pass.logps is not None:  # the SP runner already computed them (no entropies)
+        if loss_pass.logps is not None:  # the SP runner already computed them
             self._correct_and_log(loss_pass.inputs, loss_pass.logps)
-            return loss_pass.logps, torch.full_like(loss_pass.logps, float("nan")), None
+            entropies = loss_pass.entropies
+            return (
+                loss_pass.logps,
+                torch.full_like(loss_pass.logps, float("nan")) if entropies is None else entropies,
+                None,
+            )
         recorded = loss_pass.inputs.get("routing_indices")
         if recorded is not None:  # training: gradient checkpointing re-runs routers in backward, so the
             loss_pass.scope.enter_context(self.routing_replay.replay(model, recorded))  # scope outlives it
