@@ -9,6 +9,11 @@ sandbox run. Variants, all on the same server and the same prompts:
   ``engine_batch_window_s`` (default) of each other are sent together.
 - ``async-ungrouped`` (``--variants``): the same with ``engine_batch_window_s=0``, every request sent as soon
   as it is ready.
+- ``async-thread-http`` (``--variants``): ``run_rollouts`` with each request handed to a worker thread that
+  makes the blocking HTTP call (``generate_sync`` via ``run_in_executor``): the engine's HTTP path before it
+  sent from the event loop, kept to measure what that change buys under the same load.
+- ``async-fifo-tools`` (``--variants``): ``run_rollouts`` with waiting tool calls served first come, first
+  served instead of deepest conversation first (the benchmark swaps in a ``ToolBox`` that drops priorities).
 - ``lockstep``: TRL's ``_tool_call_loop`` shape — each round sends every unfinished conversation to the engine
   at once asking for ``max_completion_length`` new tokens, waits for the whole batch, then runs the round's
   tool calls one after another; the next round starts when all are done.
@@ -23,19 +28,22 @@ prints each variant's timeline of engine requests and sandbox runs (``rollout_ti
 average is recorded with the numbers (the shared 2-core CI host is noisy).
 
     .venv/bin/python benchmarks/bench_rollouts.py [--repeats 3] [--workload uniform|varied|long]
-        [--variants async,async-ungrouped,lockstep,lockstep+parallel-tools] [--timeline] [--out FILE.json]
+        [--variants async,async-ungrouped,async-thread-http,lockstep,lockstep+parallel-tools] [--timeline]
+        [--out FILE.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import os
 import statistics
 import sys
 import time
+import unittest.mock
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -45,7 +53,9 @@ sys.path.insert(0, str(ROOT))
 from trl_gptoss.harmony import Message, codec_for, parse_completion, render_message  # noqa: E402
 from trl_gptoss.harmony.tokens import CALL, RETURN, START  # noqa: E402
 from trl_gptoss.rollout import GenerationRequest, RolloutConfig, run_rollouts  # noqa: E402
+from trl_gptoss.rollout import loop as rollout_loop  # noqa: E402
 from trl_gptoss.rollout.config import derive_seed  # noqa: E402
+from trl_gptoss.rollout.tool_calls import ToolBox  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rollout_timeline  # noqa: E402
@@ -55,7 +65,7 @@ MAX_COMPLETION = 1536
 MAX_TURNS = 8
 TEMPERATURE = 0.05  # near-greedy: the overfit model reproduces its trajectories, every variant does equal work
 POOL = 4
-VARIANTS = ("async", "async-ungrouped", "lockstep", "lockstep+parallel-tools")
+VARIANTS = ("async", "async-ungrouped", "async-thread-http", "async-fifo-tools", "lockstep", "lockstep+parallel-tools")
 
 
 def trajectories():
@@ -137,13 +147,17 @@ class ScriptedOnServer:
 
         self.engine, self.max_model_len = engine, engine.max_model_len
         self.script = ScriptedEngine(tokenizer, scripts, max_model_len=engine.max_model_len)
+        self.threads = None  # a ThreadPoolExecutor: requests go out as blocking calls on its threads
 
     async def generate(self, request):
         scripted = await self.script.generate(request)
         work = GenerationRequest(
             request.prompt_ids, len(scripted.token_ids), temperature=request.temperature, seed=request.seed
         )
-        served = await self.engine.generate(work)
+        if self.threads is not None:
+            served = await asyncio.get_running_loop().run_in_executor(self.threads, self.engine.generate_sync, work)
+        else:
+            served = await self.engine.generate(work)
         if len(served.token_ids) != len(scripted.token_ids):
             raise RuntimeError(f"server generated {len(served.token_ids)} tokens, {len(scripted.token_ids)} asked")
         return scripted
@@ -186,6 +200,13 @@ class MeteredEngine:
 
     def push_weights(self, model):
         self.engine.push_weights(model)
+
+
+class FifoToolBox(ToolBox):
+    """``ToolBox`` that serves waiting calls in arrival order (every priority 0)."""
+
+    async def run(self, call, sessions, *, priority=0):
+        return await super().run(call, sessions)
 
 
 async def lockstep_rollouts(engine, prompts, tokenizer, tool, *, parallel_tools: bool) -> list[list[int]]:
@@ -251,7 +272,18 @@ def run_variant(name, engine, prompts, tokenizer, tool, counters=None):
         )
         if name == "async-ungrouped":
             config.engine_batch_window_s = 0.0
-        rollouts = run_rollouts(engine, prompts, tokenizer=tokenizer, tools=[tool], config=config)
+        threads = ThreadPoolExecutor(64, thread_name_prefix="vllm-http") if name == "async-thread-http" else None
+        engine.engine.threads = threads
+        fifo = contextlib.nullcontext()
+        if name == "async-fifo-tools":
+            fifo = unittest.mock.patch.object(rollout_loop, "ToolBox", FifoToolBox)
+        try:
+            with fifo:
+                rollouts = run_rollouts(engine, prompts, tokenizer=tokenizer, tools=[tool], config=config)
+        finally:
+            engine.engine.threads = None
+            if threads is not None:
+                threads.shutdown()
         completions = [r.completion_ids for r in rollouts]
     else:
         completions = asyncio.run(
@@ -344,6 +376,8 @@ def main(argv=None) -> int:
     unknown = set(variants) - set(VARIANTS)
     if unknown or "lockstep" not in variants:
         raise SystemExit(f"--variants takes names from {VARIANTS} and must include lockstep; got {args.variants}")
+    if "async-thread-http" in variants and args.policy != "scripted":
+        raise SystemExit("--variants async-thread-http needs --policy scripted")
     runs = {v: [] for v in variants}
     with VLLMServer(checkpoint, max_model_len=2048, max_num_seqs=16) as server:
         engine = VLLMServerEngine(server.base_url)

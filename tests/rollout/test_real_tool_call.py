@@ -7,6 +7,9 @@ appears equally often in training, so the model can only answer right by reading
 inserted (a model that ignored it would pass all four conversations with probability 5**-4).
 """
 
+import threading
+
+import psutil
 import pytest
 
 from trl_gptoss.harmony import codec_for
@@ -48,9 +51,22 @@ def test_python_call_runs_in_the_sandbox_and_the_next_turn_reads_its_output(tool
         engine = VLLMServerEngine(server.base_url)
         try:
             rollouts = run_rollouts(engine, [prompt] * CONVERSATIONS, tokenizer=tokenizer, tools=[tool], config=config)
+            # the trainer's way: the batch's event loop on a background thread, no loop running there before
+            in_thread = []
+            worker = threading.Thread(
+                target=lambda: in_thread.append(
+                    run_rollouts(engine, [prompt] * CONVERSATIONS, tokenizer=tokenizer, tools=[tool], config=config)
+                )
+            )
+            worker.start()
+            worker.join(300)
         finally:
-            engine.close()
-    for r in rollouts:
+            engine.close()  # closes this thread's blocking session; the batches' loops closed their own connections
+        port = int(server.base_url.rsplit(":", 1)[1])
+        left = [c for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr.port == port]
+    assert not [c for c in left if c.status == "ESTABLISHED"], left
+    assert len(in_thread[0]) == CONVERSATIONS  # the sandbox's digits differ from run to run, the checks do not
+    for r in rollouts + in_thread[0]:
         calls = [m for m in r.messages if m.role == "assistant" and m.recipient == "python"]
         replies = [m for m in r.messages if m.role == "tool"]
         assert [c.text for c in calls] == [CODE], r.messages
