@@ -403,3 +403,14 @@ def test_reward_model_by_id_keeps_its_own_attention(tokenizer, tmp_path):
     reward_model = trainer.reward_funcs[0]
     assert reward_model.config._attn_implementation != "fa3_sink"
     assert trainer.model.config._attn_implementation == "fa3_sink"
+
+
+def test_a_launcher_world_accelerate_does_not_see_is_refused():
+    from trl_gptoss.trainer.checks import check_world
+
+    # what the multi-node YAML's launch line gives on a CPU host without --cpu (tests/trainer/test_multinode_launch.py)
+    with pytest.raises(ValueError, match=r"started 2 processes \(WORLD_SIZE=2\) but accelerate sees 1.*use_cpu"):
+        check_world(1, {"WORLD_SIZE": "2"})
+    check_world(2, {"WORLD_SIZE": "2"})
+    check_world(1, {})
+    check_world(1, {"WORLD_SIZE": "1"})

@@ -150,3 +150,20 @@ def checked_reward(reward_func):
         return _check_rewards(name, rewards, len(completions))
 
     return checked
+
+
+def check_world(num_processes: int, environ=None) -> None:
+    """Refuse a launcher world that accelerate does not see: ``torchrun``/``accelerate launch`` set
+    ``WORLD_SIZE`` for every process, but accelerate 1.15 picks a distributed type only for accelerator
+    backends, so on a CPU host without ``--cpu``/``use_cpu`` each process trains alone (``DistributedType.NO``)
+    -- N unsynchronised copies that all act as the main process, with no error."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    launched = int(environ.get("WORLD_SIZE", "1") or 1)
+    if launched > 1 and num_processes == 1:
+        raise ValueError(
+            f"the launcher started {launched} processes (WORLD_SIZE={launched}) but accelerate sees 1: each would "
+            "train its own copy without synchronising. On a CPU host set use_cpu=True (accelerate launch --cpu "
+            "runs machines apart: use the FSDP/multi-GPU config on GPUs), or launch a single process"
+        )

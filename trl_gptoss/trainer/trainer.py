@@ -31,7 +31,13 @@ from trl.trainer.utils import get_config_model_id
 
 import trl_gptoss  # noqa: F401  (registers fa3_sink and gptoss_sequential)
 from trl_gptoss.rollout.weight_sync import unwrap
-from trl_gptoss.trainer.checks import as_conversation, check_dataset, checked_reward, required_reward_columns
+from trl_gptoss.trainer.checks import (
+    as_conversation,
+    check_dataset,
+    check_world,
+    checked_reward,
+    required_reward_columns,
+)
 from trl_gptoss.trainer.config import GptOssGRPOConfig
 from trl_gptoss.trainer.correction import finalize_metrics, masked_log_ratio, mismatch_stats, rollout_correction
 from trl_gptoss.trainer.logprob_head import add_selective_logprobs_head
@@ -124,6 +130,7 @@ class GptOssGRPOTrainer(GRPOTrainer):
             )
         finally:
             trl_logger.removeFilter(quiet)
+        check_world(self.accelerator.num_processes)
         if self.ref_model is not None:  # TRL built it from the policy's path: same implementations
             switch_implementations(self.ref_model, args)
         if args.logprobs_implementation == "selective_logprobs":
