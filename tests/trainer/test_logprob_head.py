@@ -125,3 +125,13 @@ def test_the_trainer_loss_and_gradients_equal_trls_path(tokenizer, tmp_path, mon
     for name, ref in grads["trl"].items():
         diff = (ref - grads["selective_logprobs"][name]).abs().max().item()
         assert diff <= 1e-5 * max(1.0, ref.abs().max().item()), (name, diff)
+
+
+def test_a_peft_adapter_on_lm_head_is_refused_not_silently_skipped():
+    """TRL 1.16's trainer refuses lm_head adapters itself; the head refuses them too for direct callers."""
+    from peft import LoraConfig, get_peft_model
+
+    peft_model = get_peft_model(tiny_gpt_oss(seed=0), LoraConfig(r=4, lora_alpha=8, target_modules=["lm_head"]))
+    with pytest.raises(ValueError, match=r"lm_head is a .*Linear.*drop lm_head from the adapter's target_modules"):
+        add_selective_logprobs_head(peft_model.get_base_model())
+    add_selective_logprobs_head(tiny_gpt_oss(seed=0))  # a plain head is accepted

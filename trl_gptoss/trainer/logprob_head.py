@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import types
 
+import torch
 from trl.trainer.utils import FusedCausalLMOutput
 
 from gptoss_kernels import selective_logprobs
@@ -40,8 +41,10 @@ def add_selective_logprobs_head(model, temperature: float = 1.0, cast_lm_head_to
     entropies of the tempered distribution at every position whose next-token label is not -100, 0 elsewhere).
 
     Call on the bare model (under PEFT: ``get_base_model()``) after TRL's own patch; other calls (generation,
-    plain forwards) go to the forward it replaces. Returns nothing; the model is patched in place.
+    plain forwards) go to the forward it replaces. Returns nothing; the model is patched in place. A PEFT
+    adapter on ``lm_head`` is refused: the op reads the head's weight, which would silently leave it out.
     """
+    check_plain_head(model)
     fallback = model.forward
 
     @functools.wraps(type(model).forward)
@@ -53,6 +56,17 @@ def add_selective_logprobs_head(model, temperature: float = 1.0, cast_lm_head_to
         return _selective_forward(self, temperature, cast_lm_head_to_fp32, args, labels, shift_labels, kw)
 
     model.forward = types.MethodType(forward, model)
+
+
+def check_plain_head(model) -> None:
+    """``lm_head`` must be a plain linear layer (its ``weight`` is all the projection there is)."""
+    head = model.get_output_embeddings()
+    if hasattr(head, "base_layer") or type(head) is not torch.nn.Linear:
+        raise ValueError(
+            f"logprobs_implementation='selective_logprobs' projects with lm_head's weight, but lm_head is a "
+            f"{type(head).__module__}.{type(head).__name__} (a PEFT adapter?) whose extra terms it would leave out; "
+            "drop lm_head from the adapter's target_modules or set logprobs_implementation='trl'"
+        )
 
 
 def _selective_forward(model, temperature, cast_lm_head_to_fp32, args, labels, shift_labels, kwargs):

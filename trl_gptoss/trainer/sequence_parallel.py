@@ -27,7 +27,9 @@ def check_sequence_parallel(args, model_config) -> ContextParallelPlugin:
         "router_aux_loss_coef != 0 (SP computes no router aux loss)": bool(args.router_aux_loss_coef),
         "gradient_checkpointing (SP already divides activations by sp_size)": bool(args.gradient_checkpointing),
         "beta != 0 (reference log-probs are not sharded yet)": args.beta != 0.0,
-        "num_iterations > 1 or off-policy batches (old log-probs are not sharded yet)": not args.strictly_on_policy,
+        "num_iterations > 1 or batches reused across optimizer steps (old log-probs are not sharded yet)": (
+            args.needs_old_logprobs_pass
+        ),
     }
     refused = [what for what, bad in unsupported.items() if bad]
     if refused:
