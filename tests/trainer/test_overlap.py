@@ -290,3 +290,24 @@ def test_a_resumed_run_pushes_and_samples_afresh_before_overlapping_again(taught
     assert [h["rollout/staleness"] for h in steps] == [0.0, 1.0]  # nothing sampled before the resume is used
     assert steps[0]["rollout_corr/abs_logp_diff_max"] <= 1e-4  # the server held the resumed weights
     resumed.close()
+
+
+def test_close_finishes_every_task_left_on_the_loop_like_asyncio_run():
+    """A task parked until cancelled (how connection pools close at loop end) runs its clean-up at close."""
+    runner, log = BackgroundRollouts(), []
+
+    async def park_and_clean_up():
+        try:
+            await asyncio.get_running_loop().create_future()
+        finally:
+            await asyncio.sleep(0)  # the clean-up itself awaits, as closing a connection does
+            log.append("closed")
+
+    async def job():
+        asyncio.get_running_loop().create_task(park_and_clean_up())
+        return ["r"]
+
+    runner.start(["p"], weight_version=0, make_coroutine=job)
+    assert runner.take(["p"]).rollouts == ["r"]
+    runner.close()
+    assert log == ["closed"]

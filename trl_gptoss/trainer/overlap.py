@@ -107,11 +107,14 @@ class BackgroundRollouts:
             self._cancel(job)
 
     def close(self) -> None:
-        """Cancel any job and stop the thread (idempotent)."""
+        """Cancel any job, finish every task still on the loop (connection pools close theirs when
+        cancelled, as under ``asyncio.run``), then stop the thread. Idempotent; ``start`` opens a new loop."""
         self.cancel()
         loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
         if loop is None:
             return
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(_finish_tasks(), loop).result(CLOSE_TIMEOUT_S)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(CLOSE_TIMEOUT_S)
         if not thread.is_alive():
@@ -130,6 +133,16 @@ class BackgroundRollouts:
             self._thread = threading.Thread(target=self._loop.run_forever, name=self._name, daemon=True)
             self._thread.start()
         return self._loop
+
+
+async def _finish_tasks() -> None:
+    """What ``asyncio.run`` does before closing its loop: cancel the other tasks, wait for them, close async
+    generators."""
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.get_running_loop().shutdown_asyncgens()
 
 
 def _settle(job: RolloutJob, task: asyncio.Task) -> None:

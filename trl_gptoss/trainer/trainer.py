@@ -398,8 +398,8 @@ class GptOssGRPOTrainer(GRPOTrainer):
         finally:
             self._pushed_step = None  # a later train()/resume re-pushes before its first rollout
             self._next_prompts, self._batch_peek = None, NextBatchPeek()
-            if self.background_rollouts is not None:  # nothing sampled for this run outlives it
-                self.background_rollouts.cancel()
+            if self.background_rollouts is not None:  # nothing sampled for this run outlives it, nor its thread
+                self.background_rollouts.close()
 
     def close(self) -> None:
         """Stop the background generation and a vLLM server this trainer started (also done at exit)."""
