@@ -77,14 +77,20 @@ class _Pool:
         conn.close()
 
     async def close(self) -> None:
+        conns = self.close_nowait()
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                await conn.writer.wait_closed()
+
+    def close_nowait(self) -> list[_Connection]:
+        """Close every connection (the sockets go once the loop runs again); returns them."""
         self.closed = True
         conns, self.idle = list(self.open), []
         self.open.clear()
         for conn in conns:
-            conn.close()
-        for conn in conns:
-            with contextlib.suppress(Exception):
-                await conn.writer.wait_closed()
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                conn.close()
+        return conns
 
 
 class AsyncHTTPClient:
@@ -162,14 +168,23 @@ class AsyncHTTPClient:
         return pool
 
     async def _close_at_loop_end(self, loop, pool: _Pool) -> None:
-        """Sleeps until cancelled (``asyncio.run`` cancels every task before closing its loop), then closes."""
+        """Sleeps until cancelled (``asyncio.run`` cancels every task before closing its loop), then closes the
+        pool. Destroyed without being cancelled (a loop dropped with the task pending), it closes what it can
+        without awaiting."""
         try:
             await loop.create_future()
-        finally:
-            with self._lock:
-                if self._pools.get(loop) is pool:
-                    del self._pools[loop]
+        except asyncio.CancelledError:
+            self._forget(loop, pool)
             await pool.close()
+            raise
+        finally:
+            self._forget(loop, pool)
+            pool.close_nowait()
+
+    def _forget(self, loop, pool: _Pool) -> None:
+        with self._lock:
+            if self._pools.get(loop) is pool:
+                del self._pools[loop]
 
     async def _connect(self, pool: _Pool, url: str) -> _Connection:
         try:
