@@ -105,6 +105,7 @@ def _cmd_vllm_serve(args) -> int:
         max_num_seqs=args.max_num_seqs,
         device=args.device,
         kv_cache_gib=args.kv_cache_gib,
+        load_tokenizer=args.load_tokenizer,
         gpu_memory_utilization=args.gpu_memory_utilization,
         extra_args=args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args,
     )
@@ -119,7 +120,18 @@ def _add_vllm_serve(sub) -> None:
     serve.add_argument("--max-model-len", type=int, default=8192)
     serve.add_argument("--max-num-seqs", type=int, default=64)
     serve.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
-    serve.add_argument("--kv-cache-gib", type=int, default=4, help="CPU KV cache size (VLLM_CPU_KVCACHE_SPACE)")
+    serve.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        default=None,
+        help="CPU KV cache size in GiB (default: sized from the model for --max-num-seqs x --max-model-len)",
+    )
+    serve.add_argument(
+        "--load-tokenizer",
+        action="store_true",
+        help="load the tokenizer (only for text prompts; rollouts and pushes exchange token ids, and o200k costs "
+        "about 1 GiB across the server's processes)",
+    )
     serve.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     serve.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after `--`: extra flags passed to vLLM")
     serve.set_defaults(func=_cmd_vllm_serve)
