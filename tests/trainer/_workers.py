@@ -49,7 +49,7 @@ def server_mode_rank(
         return output
 
     trainer.rollout_func = counting
-    requests, pushes = _time_engine(trainer.rollout_backend.engine)
+    requests, pushes = time_engine(trainer.rollout_backend.engine)
     trainer.train()
     trainer.close()
     return {
@@ -62,8 +62,9 @@ def server_mode_rank(
     }
 
 
-def _time_engine(engine, push_delay_s: float = 0.3) -> tuple[list, list]:
-    """Record the wall-clock interval of every generation request and every (deliberately slowed) push."""
+def time_engine(engine, push_delay_s: float = 0.3) -> tuple[list, list]:
+    """Record the wall-clock interval of every generation request and every push, the push slowed by
+    ``push_delay_s`` so that a generation running while it happens would be caught overlapping it."""
     import time
 
     requests, pushes = [], []

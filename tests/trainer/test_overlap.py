@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests.trainer._workers import time_engine
 from tests.trainer.helpers import SYSTEM, AddTool, answer_reward, grpo_args, load_taught, logged, prompt_dataset
 from trl_gptoss.trainer.overlap import BackgroundRollouts, NextBatchPeek
 
@@ -161,39 +162,11 @@ def _trainer(taught, tokenizer, tmp_path, server, calls=(1, 2, 1, 2, 1, 2), **ov
     )
 
 
-class _Timeline:
-    """Wraps the engine: the wall-clock interval of every generation request and of every push."""
-
-    def __init__(self, engine, push_delay_s: float):
-        self.requests, self.pushes, self.lock = [], [], threading.Lock()
-        generate, push = engine.generate, engine.push_weights
-
-        async def timed_generate(request):
-            start = time.perf_counter()
-            try:
-                return await generate(request)
-            finally:
-                with self.lock:
-                    self.requests.append((start, time.perf_counter()))
-
-        def slow_push(model):
-            start = time.perf_counter()
-            time.sleep(push_delay_s)  # a slow push: a generation running now would see it land mid-sample
-            push(model)
-            with self.lock:
-                self.pushes.append((start, time.perf_counter()))
-
-        engine.generate, engine.push_weights = timed_generate, slow_push
-
-    def overlaps(self) -> list:
-        return [(r, p) for r in self.requests for p in self.pushes if r[0] < p[1] and p[0] < r[1]]
-
-
 @pytest.mark.vllm
 @pytest.mark.xdist_group("vllm")
 def test_each_batch_is_one_weight_version_behind_and_no_push_lands_mid_sample(taught, tokenizer, tmp_path, server):
     trainer = _trainer(taught, tokenizer, tmp_path, server, learning_rate=3e-3)
-    timeline = _Timeline(trainer.rollout_backend.engine, push_delay_s=0.5)
+    requests, pushes = time_engine(trainer.rollout_backend.engine, push_delay_s=0.5)
     versions = []
     take = trainer.background_rollouts.take
     trainer.background_rollouts.take = lambda prompts: _record(versions, trainer, take(prompts))
@@ -202,8 +175,9 @@ def test_each_batch_is_one_weight_version_behind_and_no_push_lands_mid_sample(ta
     # background with the weights of the step before
     assert logged(trainer, "rollout/staleness") == [0.0, 1.0, 1.0]
     assert versions == [(1, 0), (2, 1)]  # (step that trains, step whose weights sampled)
-    assert len(timeline.pushes) == 2 and len(timeline.requests) >= 3 * 4
-    assert timeline.overlaps() == [], "a generation request was in flight while weights were pushed"
+    assert len(pushes) == 2 and len(requests) >= 3 * 4
+    clashes = [(q, p) for q in requests for p in pushes if q[0] < p[1] and p[0] < q[1]]
+    assert clashes == [], "a generation request was in flight while weights were pushed"
     diffs = logged(trainer, "rollout_corr/abs_logp_diff_max")
     assert diffs[0] <= 1e-4  # on-policy batch: the server held exactly the trained weights
     assert min(diffs[1:]) > 1e-3  # one step stale: the rollout correction sees the version lag
