@@ -89,6 +89,19 @@ def bench_model(layers: int, hidden: int, experts: int):
     )
 
 
+def _setup(args, size_gb: float) -> dict:
+    """The machine and the benchmark model, recorded with every result."""
+    return {
+        "device": "cpu",
+        "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "model_gb": size_gb,
+        "layers": args.layers,
+        "hidden": args.hidden,
+        "experts": args.experts,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=4)
@@ -122,13 +135,7 @@ def main() -> None:
             startup = server.startup_seconds
     best = min(pushes)
     result = {
-        "device": "cpu",
-        "machine": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
-        "model_gb": size_gb,
-        "layers": args.layers,
-        "hidden": args.hidden,
-        "experts": args.experts,
+        **_setup(args, size_gb),
         "server_startup_s": startup,
         "first_push_s": first_push,
         "push_s": pushes,
@@ -229,13 +236,7 @@ def main_fsdp2(args) -> None:
         row.update(s_per_gb=best / size_gb, peak_mib_per_gb=peak / size_gb)
         print(f"{name:<16} {best:13.2f} {best / size_gb:6.2f} {peak:15.2f} {peak / size_gb:11.2f} {row['error']:8.1e}")
     result = {
-        "device": "cpu",
-        "machine": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
-        "model_gb": size_gb,
-        "layers": args.layers,
-        "hidden": args.hidden,
-        "experts": args.experts,
+        **_setup(args, size_gb),
         "layer_bytes_from_config": arithmetic,
         "layouts": rows,
     }

@@ -11,6 +11,7 @@ import torch
 from transformers import GptOssForCausalLM
 
 import trl_gptoss
+from tests.rollout.stale_pushers import SkipSinks
 from trl_gptoss.cli import main
 from trl_gptoss.rollout.check_sync import (
     GROUPS,
@@ -73,19 +74,6 @@ def test_perturb_moves_only_the_group_and_restores_it_bit_for_bit(bf16_values):
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
 
 
-class _SkipSinks:
-    """A pusher that never sends the attention sinks: the stale-sinks bug of stock vLLM layerwise reloads."""
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def send(self, pass_name, group):
-        self.inner.send(pass_name, [(n, t) for n, t in group if not n.endswith("self_attn.sinks")])
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
 @pytest.fixture(scope="module")
 def served(vllm_tiny_server, tiny_checkpoint):
     """(engine, the trainer's fa3_sink float32 model of the served checkpoint, the server as found)."""
@@ -107,7 +95,7 @@ class TestAgainstServer:
     def test_broken_push_names_the_sinks(self, served, moved_tolerance):
         engine, model, found = served
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        broken = lambda m: push_model(lambda: [_SkipSinks(engine.pusher())], m)  # noqa: E731
+        broken = lambda m: push_model(lambda: [SkipSinks(engine.pusher())], m)  # noqa: E731
         report = check_sync([engine], model, PROMPTS, push=broken, fresh="as_found", moved_tolerance=moved_tolerance)
         unperturbed = "ok" if moved_tolerance is None else "info"  # the bf16 rule reads these as the noise floor
         verdicts = {c.label: c.servers[0].verdict for c in report.checks}

@@ -16,19 +16,6 @@ def check_prompts(vocab: int) -> list[list[int]]:
     return random_prompts(vocab, PROMPT_COUNT, PROMPT_LEN, seed=1, exclude=range(9))  # 0-8: Harmony controls
 
 
-class SkipSinks:
-    """A pusher that never sends the attention sinks: the stale-sinks bug of stock vLLM layerwise reloads."""
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def send(self, pass_name, group):
-        self.inner.send(pass_name, [(n, t) for n, t in group if not n.endswith("self_attn.sinks")])
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
 def _shard(model):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -49,6 +36,7 @@ def check_sync_rank(rank: int, world: int, checkpoint: str, urls: list[str], ski
     from torch.distributed.tensor import DTensor
     from transformers import GptOssForCausalLM
 
+    from tests.rollout.stale_pushers import SkipSinks
     from trl_gptoss import FA3_SINK
     from trl_gptoss.rollout.check_sync import check_sync
     from trl_gptoss.rollout.vllm_engine import VLLMServerEngine
