@@ -257,3 +257,40 @@ def test_bad_construction_is_refused():
         AsyncHTTPClient("localhost:8000", connect_timeout=1, max_connections=1)
     with pytest.raises(ValueError, match="max_connections must be >= 1"):
         AsyncHTTPClient("http://localhost:8000", connect_timeout=1, max_connections=0)
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_cancellation_landing_with_the_answer_is_not_swallowed(framing):
+    """The answer arrives and the task is cancelled in the same loop iteration (what Ctrl-C does to a batch whose
+    answers sit in the socket buffers): the read must end cancelled. With ``asyncio.wait_for`` (CPython 3.11)
+    it returned the answer and the conversation went on with its next turn."""
+    from trl_gptoss.rollout.http_async import _read_response
+
+    body = b'{"ok": true}'
+    if framing == "chunked":
+        raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    else:
+        raw = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+    async def main():
+        reader = asyncio.StreamReader()
+        task = asyncio.create_task(_read_response(reader, "POST", 5.0, "http://server", stale_ok=False))
+        await asyncio.sleep(0)  # the task now waits for the status line
+        reader.feed_data(raw)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert task.cancelled()
+
+    asyncio.run(main())
+
+
+def test_within_still_times_out_and_passes_results_through():
+    from trl_gptoss.rollout.http_async import within
+
+    async def main():
+        assert await within(asyncio.sleep(0, result=7), 1.0) == 7
+        with pytest.raises(asyncio.TimeoutError):
+            await within(asyncio.sleep(5), 0.05)
+
+    asyncio.run(main())

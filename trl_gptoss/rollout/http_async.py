@@ -13,6 +13,12 @@ connection. Every failure to get a complete answer (refused or reset connection,
 ``connect_timeout``, no data within ``timeout``, an answer cut short, a malformed answer) raises
 ``HTTPTransportError`` naming the URL; any status code is returned to the caller, which decides about it.
 A kept-alive connection that the server closed while idle is replaced once, silently, by a fresh one.
+
+Every read is bounded with ``asyncio.timeout`` rather than ``asyncio.wait_for``: on CPython 3.11 and older,
+``wait_for`` returns the inner result when a cancellation lands in the same loop iteration as the data it was
+waiting for (gh-86296), so a cancelled rollout went on with its next turn. Under load that coincidence is
+common: Ctrl-C during generation left the CPU demo running for a minute, every conversation whose answer was
+already in its socket buffer swallowing the cancellation.
 """
 
 from __future__ import annotations
@@ -21,11 +27,21 @@ import asyncio
 import contextlib
 import json
 import ssl
+import sys
 import threading
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 _HEAD_LIMIT = 64 * 1024  # bytes of status line + headers accepted
+
+
+async def within(awaitable, seconds: float):
+    """``await awaitable``, raising ``TimeoutError`` after ``seconds``; a cancellation of the caller always
+    propagates (``asyncio.wait_for`` can swallow it on CPython < 3.12, see the module docstring)."""
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(seconds):
+            return await awaitable
+    return await asyncio.wait_for(awaitable, seconds)  # 3.10 has no asyncio.timeout; its wait_for has the bug
 
 
 class HTTPTransportError(ConnectionError):
@@ -188,7 +204,7 @@ class AsyncHTTPClient:
 
     async def _connect(self, pool: _Pool, url: str) -> _Connection:
         try:
-            reader, writer = await asyncio.wait_for(
+            reader, writer = await within(
                 asyncio.open_connection(self.host, self.port, ssl=self.ssl, limit=_HEAD_LIMIT),
                 self.connect_timeout,
             )
@@ -240,7 +256,7 @@ async def _read_response(reader, method: str, timeout: float, url: str, *, stale
     first = True
     while True:
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+            head = await within(reader.readuntil(b"\r\n\r\n"), timeout)
         except asyncio.TimeoutError:
             raise HTTPTransportError(f"{url}: no answer within {timeout} s") from None
         except asyncio.IncompleteReadError as exc:
@@ -264,9 +280,9 @@ async def _read_response(reader, method: str, timeout: float, url: str, *, stale
         if "chunked" in headers.get("transfer-encoding", "").lower():
             body = await _read_chunked(reader, timeout, url)
         elif "content-length" in headers:
-            body = await asyncio.wait_for(reader.readexactly(_length(headers["content-length"], url)), timeout)
+            body = await within(reader.readexactly(_length(headers["content-length"], url)), timeout)
         else:
-            body, keep = await asyncio.wait_for(reader.read(), timeout), False  # until the server closes
+            body, keep = await within(reader.read(), timeout), False  # until the server closes
     except asyncio.TimeoutError:
         raise HTTPTransportError(f"{url}: the answer stalled for {timeout} s (HTTP {status})") from None
     except asyncio.LimitOverrunError:
@@ -304,17 +320,17 @@ def _length(value: str, url: str) -> int:
 async def _read_chunked(reader, timeout: float, url: str) -> bytes:
     pieces = []
     while True:
-        line = await asyncio.wait_for(reader.readuntil(b"\r\n"), timeout)
+        line = await within(reader.readuntil(b"\r\n"), timeout)
         size_text = line.split(b";", 1)[0].strip()
         try:
             size = int(size_text, 16)
         except ValueError:
             raise HTTPTransportError(f"{url}: malformed chunk size {size_text[:20]!r}") from None
         if size == 0:
-            while await asyncio.wait_for(reader.readuntil(b"\r\n"), timeout) != b"\r\n":
+            while await within(reader.readuntil(b"\r\n"), timeout) != b"\r\n":
                 pass  # trailers
             return b"".join(pieces)
-        pieces.append(await asyncio.wait_for(reader.readexactly(size + 2), timeout))
+        pieces.append(await within(reader.readexactly(size + 2), timeout))
         if not pieces[-1].endswith(b"\r\n"):
             raise HTTPTransportError(f"{url}: a chunk did not end with CRLF")
         pieces[-1] = pieces[-1][:-2]

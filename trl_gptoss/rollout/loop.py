@@ -59,8 +59,9 @@ def run_rollouts(
 def _run_to_completion(coroutine):
     """``asyncio.run`` without its Ctrl-C handler: since Python 3.11 ``asyncio.run`` turns SIGINT into a
     cancellation of the main task and raises KeyboardInterrupt only if that task ends cancelled, and the
-    training job was seen to run on after Ctrl-C during generation. Here SIGINT raises KeyboardInterrupt where it
-    lands, as everywhere else in training; the tasks are then cancelled and awaited as ``asyncio.run`` does."""
+    training job was seen to run on after Ctrl-C during generation (conversations swallowed the cancellation in
+    ``asyncio.wait_for``, since replaced in ``http_async``). Here SIGINT raises KeyboardInterrupt where it lands,
+    as everywhere else in training; the tasks are then cancelled and awaited as ``asyncio.run`` does."""
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
