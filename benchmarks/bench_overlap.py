@@ -18,50 +18,16 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pinning import ServerPinner  # noqa: E402
+
 CONFIG = "examples/configs/retool_cpu_demo.yaml"
 JOB_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 SKIP_STEPS = 2  # the first steps include start-up effects (and, with max_staleness=1, a foreground generation)
-
-
-def _vllm_threads(root: int) -> list[int]:
-    """Thread ids of every vLLM process descending from ``root`` (API server, engine core)."""
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        try:
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        todo += [int(c) for c in children]
-        if "vllm" in cmdline:
-            found += [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    return found
-
-
-class ServerPinner(threading.Thread):
-    """Keeps every thread of the job's vLLM server on ``core``: new threads appear as the engine starts, and
-    vLLM's CPU backend binds its OpenMP threads itself, so the pin is re-applied at every poll."""
-
-    def __init__(self, root: int, core: int):
-        super().__init__(daemon=True)
-        self.root, self.core, self.stop = root, core, threading.Event()
-        self.pinned: set[int] = set()
-
-    def run(self) -> None:
-        while not self.stop.wait(0.5):
-            for tid in _vllm_threads(self.root):
-                try:
-                    if os.sched_getaffinity(tid) != {self.core}:
-                        os.sched_setaffinity(tid, {self.core})
-                    self.pinned.add(tid)
-                except OSError:  # the thread ended
-                    pass
 
 
 def run_job(output_dir: Path, warmstart_dir: Path, steps: int, staleness: int, pin: bool, log: Path) -> dict:
