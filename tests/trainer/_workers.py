@@ -8,10 +8,17 @@ from trl_gptoss.testing.distributed import set_rank_environment
 
 
 def server_mode_rank(
-    rank: int, world: int, server_url: str, state_path: str, output_dir: str, max_staleness: int = 0
+    rank: int,
+    world: int,
+    server_url: str,
+    state_path: str,
+    output_dir: str,
+    max_staleness: int = 0,
+    overrides: dict | None = None,
 ) -> dict:
     """One rank of a 2-process server-mode run: both ranks sample from the server on their own. Returns the tool
-    calls per step, the logged metrics, and (wall clock) every generation request and push of this rank."""
+    calls per step, the logged metrics, and (wall clock) every generation request and push of this rank.
+    ``overrides``: more config fields (e.g. ``sp_size``)."""
     set_rank_environment(rank, world)
     import torch
 
@@ -30,6 +37,7 @@ def server_mode_rank(
         max_steps=3 if max_staleness else 2,
         max_staleness=max_staleness,
         learning_rate=3e-3 if max_staleness else 1e-4,
+        **(overrides or {}),
     )
     trainer = GptOssGRPOTrainer(
         model,
@@ -59,6 +67,7 @@ def server_mode_rank(
         "staleness": logged(trainer, "rollout/staleness"),
         "requests": requests,
         "pushes": pushes,
+        "sp_runner": trainer.sp_loss is not None and trainer.sp_loss.runner is not None,  # SP loss passes ran
     }
 
 

@@ -146,7 +146,7 @@ def server(taught):
         yield running
 
 
-def _trainer(taught, tokenizer, tmp_path, server, calls=(1, 2, 1, 2, 1, 2), **overrides):
+def _trainer(taught, tokenizer, tmp_path, server, calls=(1, 2, 1, 2, 1, 2), peft_config=None, **overrides):
     from trl_gptoss.trainer import GptOssGRPOTrainer
 
     fields = dict(rollout_backend="vllm_server", rollout_server_url=server.base_url, max_staleness=1, max_steps=3)
@@ -159,7 +159,13 @@ def _trainer(taught, tokenizer, tmp_path, server, calls=(1, 2, 1, 2, 1, 2), **ov
         processing_class=tokenizer,
         tools=[AddTool()],
         rollout_system=SYSTEM,
+        peft_config=peft_config,
     )
+
+
+def _clashes(requests, pushes) -> list:
+    """(request, push) pairs whose wall-clock intervals intersect: a sample taken while weights changed."""
+    return [(q, p) for q in requests for p in pushes if q[0] < p[1] and p[0] < q[1]]
 
 
 @pytest.mark.vllm
@@ -176,8 +182,7 @@ def test_each_batch_is_one_weight_version_behind_and_no_push_lands_mid_sample(ta
     assert logged(trainer, "rollout/staleness") == [0.0, 1.0, 1.0]
     assert versions == [(1, 0), (2, 1)]  # (step that trains, step whose weights sampled)
     assert len(pushes) == 2 and len(requests) >= 3 * 4
-    clashes = [(q, p) for q in requests for p in pushes if q[0] < p[1] and p[0] < q[1]]
-    assert clashes == [], "a generation request was in flight while weights were pushed"
+    assert _clashes(requests, pushes) == [], "a generation request was in flight while weights were pushed"
     diffs = logged(trainer, "rollout_corr/abs_logp_diff_max")
     assert diffs[0] <= 1e-4  # on-policy batch: the server held exactly the trained weights
     assert min(diffs[1:]) > 1e-3  # one step stale: the rollout correction sees the version lag
@@ -235,8 +240,7 @@ def test_two_processes_overlap_their_own_generation_and_push_collectively(taught
     pushes = [p for r in results for p in r["pushes"]]
     requests = [q for r in results for q in r["requests"]]
     assert len(pushes) == 2 * 2 and len(requests) >= 2 * 3 * 2  # every rank joins 2 pushes and samples 3 batches
-    clashes = [(q, p) for q in requests for p in pushes if q[0] < p[1] and p[0] < q[1]]
-    assert clashes == [], "a rank was sampling while weights were pushed"
+    assert _clashes(requests, pushes) == [], "a rank was sampling while weights were pushed"
     for r in results:
         assert r["staleness"] == [0.0, 1.0, 1.0] and r["ratio"] == [0.0, 0.0, 0.0]
         assert r["diff"][0] <= 1e-4 < min(r["diff"][1:])
@@ -285,3 +289,84 @@ def test_close_finishes_every_task_left_on_the_loop_like_asyncio_run():
     assert runner.take(["p"]).rollouts == ["r"]
     runner.close()
     assert log == ["closed"]
+
+
+@pytest.mark.vllm
+@pytest.mark.xdist_group("vllm")
+@pytest.mark.slow
+def test_lora_adapters_overlap_on_two_servers_and_both_end_on_the_trained_weights(taught, tokenizer, tmp_path, server):
+    """LoRA (attention and expert adapters, merged at every push) with two servers: each batch one version
+    behind, no push while either server samples, and after the last push both servers score exactly like the
+    trained model, which the adapters moved (the base model alone scores differently)."""
+    from peft import LoraConfig
+
+    from trl_gptoss.rollout.check_sync import random_prompts, server_logprobs, trainer_logprobs
+    from trl_gptoss.rollout.server import VLLMServer
+
+    lora = LoraConfig(
+        r=4,
+        lora_alpha=8,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+        target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
+    )
+    with VLLMServer(taught[1], max_model_len=1024) as second:
+        urls = [server.base_url, second.base_url]
+        fields = dict(rollout_server_url=urls, learning_rate=3e-2, peft_config=lora)
+        trainer = _trainer(taught, tokenizer, tmp_path, server, **fields)
+        engine = trainer.rollout_backend.engine
+        assert engine.base_urls == urls
+        served = [0, 0]
+        for index, one in enumerate(engine.engines):  # count what each server samples
+            one.generate = _counting(one.generate, served, index)
+        requests, pushes = time_engine(engine, push_delay_s=0.5)
+        trainer.train()
+        assert logged(trainer, "rollout/staleness") == [0.0, 1.0, 1.0]
+        assert len(pushes) == 2 and _clashes(requests, pushes) == []
+        assert min(served) > 0, served  # conversations spread over both servers
+        diffs = logged(trainer, "rollout_corr/abs_logp_diff_max")
+        assert diffs[0] <= 1e-4 < min(diffs[1:])
+        assert logged(trainer, "policy/ratio_max_abs_dev") == [0.0, 0.0, 0.0]
+        trainer._push_weights_if_stale()  # the last step's weights, as the next rollout would see them
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        prompts = random_prompts(model.config.vocab_size, 3, 24, seed=5)
+        trained = trainer_logprobs(model, prompts)
+        with model.disable_adapter():
+            base = trainer_logprobs(model, prompts)
+        assert (trained - base).abs().max().item() > 1e-3  # the adapters changed the policy
+        for one in engine.engines:
+            assert (server_logprobs(one, prompts) - trained).abs().max().item() <= 1e-4, one.base_url
+        trainer.close()
+
+
+def _counting(generate, counts: list, index: int):
+    async def counted(request):
+        counts[index] += 1
+        return await generate(request)
+
+    return counted
+
+
+@pytest.mark.vllm
+@pytest.mark.xdist_group("vllm")
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_sequence_parallel_training_overlaps_with_server_rollouts(taught, tmp_path, server):
+    """sp_size=2 over the two processes (one SP group; each rank samples its own prompts from the server, the
+    loss pass shards every micro-batch over both): versions, collective pushes and the on-policy step as above."""
+    import torch
+
+    from tests.trainer._workers import server_mode_rank
+    from trl_gptoss.testing.distributed import launch
+
+    state_path = tmp_path / "taught.pt"
+    torch.save(taught[0], state_path)
+    sp = {"sp_size": 2, "gradient_checkpointing": False}
+    out = str(tmp_path / "out")
+    results = launch(server_mode_rank, 2, tmp_path / "run", server.base_url, str(state_path), out, 1, sp, timeout=900)
+    pushes = [p for r in results for p in r["pushes"]]
+    requests = [q for r in results for q in r["requests"]]
+    assert len(pushes) == 2 * 2 and _clashes(requests, pushes) == []
+    for r in results:
+        assert r["sp_runner"]  # the loss passes went through the SP runner
+        assert r["staleness"] == [0.0, 1.0, 1.0] and r["ratio"] == [0.0, 0.0, 0.0]
+        assert r["diff"][0] <= 1e-4 < min(r["diff"][1:])
