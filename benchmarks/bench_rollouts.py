@@ -25,9 +25,15 @@ number of calls, and all variants produce the same completion ids. Reported: wal
 ``--repeats``, variants interleaved run by run), speed-up over lockstep, sampled tokens/s, the share of wall
 time the engine had no request in flight, and vLLM's engine steps per run (``/metrics``); ``--timeline`` also
 prints each variant's timeline of engine requests and sandbox runs (``rollout_timeline.py``). The machine's load
-average is recorded with the numbers (the shared 2-core CI host is noisy).
+average is recorded with the numbers (the shared 2-core CI host is noisy). Also reported: ``tools alone``, every
+program of the batch run on the same sandbox pool with nothing else going on, a floor for any schedule.
 
-    .venv/bin/python benchmarks/bench_rollouts.py [--repeats 3] [--workload uniform|varied|long]
+``--pin`` puts the vLLM server (API server, engine core, worker) on core 0 and this process (the rollout loop, its
+tool threads and the sandboxes they start) on core 1: the GPU recipes' shape, where the engine never shares a
+device with the tools. Unpinned, vLLM still binds its CPU worker to core 0 and the OS puts loop threads and
+sandboxes there too (see docs/rollouts.md for what that costs).
+
+    .venv/bin/python benchmarks/bench_rollouts.py [--repeats 3] [--workload uniform|varied|long] [--pin]
         [--variants async,async-ungrouped,async-thread-http,lockstep,lockstep+parallel-tools] [--timeline]
         [--out FILE.json]
 """
@@ -59,6 +65,7 @@ from trl_gptoss.rollout.tool_calls import ToolBox  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rollout_timeline  # noqa: E402
+from pinning import ServerPinner, pin_this_process  # noqa: E402
 
 CALL_COUNTS = [0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 3, 4, 5, 6]
 MAX_COMPLETION = 1536
@@ -345,7 +352,15 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--timeline", action="store_true", help="print each variant's timeline and where its time went (last repeat)"
     )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="vLLM server on core 0, this process (rollout loop, tool threads, sandboxes) on core 1: the GPU "
+        "recipes' shape, where the engine and the tools never share a device",
+    )
     args = parser.parse_args(argv)
+    if args.pin and len(os.sched_getaffinity(0)) < 2:
+        raise SystemExit("--pin needs at least 2 cores")
 
     from trl_gptoss.harmony.tokenizer import cache_dir
     from trl_gptoss.rollout.server import VLLMServer
@@ -379,7 +394,13 @@ def main(argv=None) -> int:
     if "async-thread-http" in variants and args.policy != "scripted":
         raise SystemExit("--variants async-thread-http needs --policy scripted")
     runs = {v: [] for v in variants}
+    if args.pin:
+        pin_this_process(1)  # before the server starts; its threads are then moved to core 0
     with VLLMServer(checkpoint, max_model_len=2048, max_num_seqs=16) as server:
+        pinner = ServerPinner(os.getpid(), core=0) if args.pin else None
+        if pinner is not None:
+            pinner.start()
+            pinner.pin_now()
         engine = VLLMServerEngine(server.base_url)
         rollout_timeline.instrument_http(engine, timeline)
         counters = functools.partial(rollout_timeline.engine_counters, server.base_url)
@@ -404,12 +425,29 @@ def main(argv=None) -> int:
                         print(rollout_timeline.text_timeline(timeline))
                         shown = {k: v for k, v in runs[variant][-1]["timeline"].items() if k != "events"}
                         print(json.dumps(shown, indent=1))
+            tools_alone = tools_alone_s(sandbox, conversations, args.repeats)
         finally:
             engine.engine.close()
-    return report(runs, args.out, args.policy, args.workload)
+            if pinner is not None:
+                pinner.stop.set()
+    if pinner is not None and not pinner.pinned:
+        raise SystemExit("--pin: no vLLM server thread was found to pin")
+    return report(runs, args.out, args.policy, args.workload, pinned=args.pin, tools_alone=tools_alone)
 
 
-def report(runs, out, policy: str, workload: str) -> int:
+def tools_alone_s(sandbox, conversations, repeats: int) -> float:
+    """Median wall time of every program of the workload run on the same sandbox pool with nothing else going on:
+    a floor for any schedule, since each batch runs all of them on the same cores."""
+    codes = [code for spec in conversations for code, _ in spec.calls]
+    walls = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        sandbox.run_many(codes)
+        walls.append(time.perf_counter() - start)
+    return statistics.median(walls)
+
+
+def report(runs, out, policy: str, workload: str, pinned: bool, tools_alone: float) -> int:
     median = {
         v: {key: statistics.median(r[key] for r in rs) for key in rs[0] if key != "timeline"} for v, rs in runs.items()
     }
@@ -419,7 +457,7 @@ def report(runs, out, policy: str, workload: str) -> int:
     print(
         f"16 conversations, tool calls {CALL_COUNTS} (sum {sum(CALL_COUNTS)}), one sandbox run per call, "
         f"policy {policy}, workload {workload}; 1-minute load average {min(loads):.1f}-{max(loads):.1f} "
-        f"on {os.cpu_count()} cores"
+        f"on {os.cpu_count()} cores" + ("; server on core 0, loop and tools on core 1" if pinned else "")
     )
     print(
         f"{'variant':<26}{'wall s':>9}{'vs lockstep':>13}{'vs lockstep+pt':>16}{'tokens/s':>10}{'engine idle':>13}"
@@ -430,6 +468,7 @@ def report(runs, out, policy: str, workload: str) -> int:
             f"{variant:<26}{m['wall_s']:>9.2f}{base / m['wall_s']:>12.2f}x{parallel / m['wall_s']:>15.2f}x"
             f"{m['tokens_per_s']:>10.1f}{m['engine_idle_share']:>12.0%}{m.get('engine_steps', float('nan')):>14.0f}"
         )
+    print(f"{'tools alone (floor)':<26}{tools_alone:>9.2f}   every program of the batch on the same pool, nothing else")
     result = {
         "workload": {
             "conversations": len(CALL_COUNTS),
@@ -440,6 +479,8 @@ def report(runs, out, policy: str, workload: str) -> int:
             "tool_pool": POOL,
             "temperature": TEMPERATURE,
         },
+        "pinned": pinned,
+        "tools_alone_s": tools_alone,
         "load_average_1m_at_end": os.getloadavg()[0],
         "load_average_1m_range": [min(loads), max(loads)],
         "cpu_count": os.cpu_count(),
