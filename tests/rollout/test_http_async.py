@@ -285,12 +285,28 @@ def test_a_cancellation_landing_with_the_answer_is_not_swallowed(framing):
     asyncio.run(main())
 
 
-def test_within_still_times_out_and_passes_results_through():
-    from trl_gptoss.rollout.http_async import within
+@pytest.mark.parametrize("bound", ["within", "within_by_wait"])  # within_by_wait: what Python 3.10 uses
+def test_bounded_reads_time_out_pass_results_and_never_swallow_a_cancellation(bound):
+    from trl_gptoss.rollout import http_async
+
+    within = getattr(http_async, bound)
 
     async def main():
         assert await within(asyncio.sleep(0, result=7), 1.0) == 7
         with pytest.raises(asyncio.TimeoutError):
             await within(asyncio.sleep(5), 0.05)
+        with pytest.raises(ValueError, match="inner"):
+            await within(_raise(ValueError("inner")), 1.0)
+        reader = asyncio.StreamReader()
+        task = asyncio.create_task(within(reader.readuntil(b"\n"), 5.0))
+        await asyncio.sleep(0)
+        reader.feed_data(b"answer\n")  # the data and the cancellation land in the same loop iteration
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
 
     asyncio.run(main())
+
+
+async def _raise(error):
+    raise error

@@ -41,7 +41,24 @@ async def within(awaitable, seconds: float):
     if sys.version_info >= (3, 11):
         async with asyncio.timeout(seconds):
             return await awaitable
-    return await asyncio.wait_for(awaitable, seconds)  # 3.10 has no asyncio.timeout; its wait_for has the bug
+    return await within_by_wait(awaitable, seconds)  # 3.10 has no asyncio.timeout
+
+
+async def within_by_wait(awaitable, seconds: float):
+    """``within`` for Python 3.10: ``asyncio.wait`` never swallows the caller's cancellation; the inner task is
+    cancelled and awaited before this returns or raises, so nothing keeps reading the connection."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=seconds)
+    except asyncio.CancelledError:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise
+    if not done:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise asyncio.TimeoutError
+    return task.result()
 
 
 class HTTPTransportError(ConnectionError):
