@@ -14,11 +14,11 @@ connection. Every failure to get a complete answer (refused or reset connection,
 ``HTTPTransportError`` naming the URL; any status code is returned to the caller, which decides about it.
 A kept-alive connection that the server closed while idle is replaced once, silently, by a fresh one.
 
-Every read is bounded with ``asyncio.timeout`` rather than ``asyncio.wait_for``: on CPython 3.11 and older,
-``wait_for`` returns the inner result when a cancellation lands in the same loop iteration as the data it was
-waiting for (gh-86296), so a cancelled rollout went on with its next turn. Under load that coincidence is
-common: Ctrl-C during generation left the CPU demo running for a minute, every conversation whose answer was
-already in its socket buffer swallowing the cancellation.
+Every read is bounded with ``asyncio.timeout`` (Python 3.10: ``asyncio.wait``), not ``asyncio.wait_for``: on
+CPython 3.11 and older, ``wait_for`` returns the inner result when a cancellation lands in the same loop
+iteration as the data it was waiting for (gh-86296), so a cancelled rollout went on with its next turn. Under
+load that coincidence is common: Ctrl-C during generation left the CPU demo running for a minute, every
+conversation whose answer was already in its socket buffer swallowing the cancellation.
 """
 
 from __future__ import annotations
