@@ -65,18 +65,6 @@ def _split_like_ranks(trainer, per_rank_rows: int) -> None:
     trainer.rollout_func = rollout
 
 
-def _lora():
-    """LoRA on attention and on both expert parameters (what ``retool_gpt_oss_20b_lora`` targets)."""
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=4,
-        lora_alpha=8,
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-        target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
-    )
-
-
 class _DieAfterSave:
     """A ``TrainerCallback`` that ends the process with ``os._exit(137)`` (no cleanup, like a kill) once the
     checkpoint of step ``step`` is written, leaving ``killed-rank{N}`` in ``output_dir`` as evidence."""
@@ -105,7 +93,7 @@ def train_rank(rank: int, world: int, layout: str, state_path: str, output_dir: 
 
     import torch
 
-    from tests.trainer.helpers import SYSTEM, AddTool, load_taught, logged, prompt_dataset
+    from tests.trainer.helpers import SYSTEM, AddTool, load_taught, logged, lora_config, prompt_dataset
     from trl_gptoss.testing import harmony_tokenizer
     from trl_gptoss.testing.fsdp_cpu import fsdp2_on_cpu
     from trl_gptoss.trainer import GptOssGRPOTrainer
@@ -115,7 +103,7 @@ def train_rank(rank: int, world: int, layout: str, state_path: str, output_dir: 
     per_rank_batch = overrides.pop("per_rank_batch", 2)
     die_after_save_at = overrides.pop("die_after_save_at", None)
     resume_from = overrides.pop("resume_from", None)
-    peft_config = _lora() if overrides.pop("lora", False) else None
+    peft_config = lora_config() if overrides.pop("lora", False) else None
     check_sync_after_push = overrides.pop("check_sync_after_push", False)
     args = _args(output_dir, layout, per_rank_batch, **overrides)
     with fsdp2_on_cpu() if layout == "fsdp2" else contextlib.nullcontext():

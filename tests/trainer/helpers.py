@@ -104,6 +104,18 @@ def load_taught(state_dict, **overrides):
     return model
 
 
+def lora_config():
+    """LoRA on attention and on both expert parameters (what ``retool_gpt_oss_20b_lora`` targets)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=4,
+        lora_alpha=8,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+        target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
+    )
+
+
 def grpo_args(output_dir, **overrides):
     """A small, seeded, CPU config: 2 prompts x 2 generations per step, short completions, no saving."""
     from trl_gptoss.trainer import GptOssGRPOConfig

@@ -13,7 +13,16 @@ import time
 import pytest
 
 from tests.trainer._workers import time_engine
-from tests.trainer.helpers import SYSTEM, AddTool, answer_reward, grpo_args, load_taught, logged, prompt_dataset
+from tests.trainer.helpers import (
+    SYSTEM,
+    AddTool,
+    answer_reward,
+    grpo_args,
+    load_taught,
+    logged,
+    lora_config,
+    prompt_dataset,
+)
 from trl_gptoss.trainer.overlap import BackgroundRollouts, NextBatchPeek
 
 # -- the background runner -------------------------------------------------------------------------------------
@@ -227,6 +236,12 @@ def test_an_engine_error_in_the_background_surfaces_at_the_next_step_naming_the_
 @pytest.mark.xdist_group("vllm")
 @pytest.mark.distributed
 def test_two_processes_overlap_their_own_generation_and_push_collectively(taught, tmp_path, server):
+    _two_overlapped_ranks(taught, tmp_path, server)
+
+
+def _two_overlapped_ranks(taught, tmp_path, server, overrides: dict | None = None) -> list[dict]:
+    """``server_mode_rank`` with max_staleness=1 on two processes; checks what every overlapped two-process run
+    must show and returns the per-rank results."""
     import torch
 
     from tests.trainer._workers import server_mode_rank
@@ -234,8 +249,9 @@ def test_two_processes_overlap_their_own_generation_and_push_collectively(taught
 
     state_path = tmp_path / "taught.pt"
     torch.save(taught[0], state_path)
+    out = str(tmp_path / "out")
     results = launch(
-        server_mode_rank, 2, tmp_path / "run", server.base_url, str(state_path), str(tmp_path / "out"), 1, timeout=900
+        server_mode_rank, 2, tmp_path / "run", server.base_url, str(state_path), out, 1, overrides, timeout=900
     )
     pushes = [p for r in results for p in r["pushes"]]
     requests = [q for r in results for q in r["requests"]]
@@ -244,6 +260,7 @@ def test_two_processes_overlap_their_own_generation_and_push_collectively(taught
     for r in results:
         assert r["staleness"] == [0.0, 1.0, 1.0] and r["ratio"] == [0.0, 0.0, 0.0]
         assert r["diff"][0] <= 1e-4 < min(r["diff"][1:])
+    return results
 
 
 @pytest.mark.vllm
@@ -298,20 +315,12 @@ def test_lora_adapters_overlap_on_two_servers_and_both_end_on_the_trained_weight
     """LoRA (attention and expert adapters, merged at every push) with two servers: each batch one version
     behind, no push while either server samples, and after the last push both servers score exactly like the
     trained model, which the adapters moved (the base model alone scores differently)."""
-    from peft import LoraConfig
-
     from trl_gptoss.rollout.check_sync import random_prompts, server_logprobs, trainer_logprobs
     from trl_gptoss.rollout.server import VLLMServer
 
-    lora = LoraConfig(
-        r=4,
-        lora_alpha=8,
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-        target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
-    )
     with VLLMServer(taught[1], max_model_len=1024) as second:
         urls = [server.base_url, second.base_url]
-        fields = dict(rollout_server_url=urls, learning_rate=3e-2, peft_config=lora)
+        fields = dict(rollout_server_url=urls, learning_rate=3e-2, peft_config=lora_config())
         trainer = _trainer(taught, tokenizer, tmp_path, server, **fields)
         engine = trainer.rollout_backend.engine
         assert engine.base_urls == urls
@@ -353,20 +362,5 @@ def _counting(generate, counts: list, index: int):
 def test_sequence_parallel_training_overlaps_with_server_rollouts(taught, tmp_path, server):
     """sp_size=2 over the two processes (one SP group; each rank samples its own prompts from the server, the
     loss pass shards every micro-batch over both): versions, collective pushes and the on-policy step as above."""
-    import torch
-
-    from tests.trainer._workers import server_mode_rank
-    from trl_gptoss.testing.distributed import launch
-
-    state_path = tmp_path / "taught.pt"
-    torch.save(taught[0], state_path)
-    sp = {"sp_size": 2, "gradient_checkpointing": False}
-    out = str(tmp_path / "out")
-    results = launch(server_mode_rank, 2, tmp_path / "run", server.base_url, str(state_path), out, 1, sp, timeout=900)
-    pushes = [p for r in results for p in r["pushes"]]
-    requests = [q for r in results for q in r["requests"]]
-    assert len(pushes) == 2 * 2 and _clashes(requests, pushes) == []
-    for r in results:
-        assert r["sp_runner"]  # the loss passes went through the SP runner
-        assert r["staleness"] == [0.0, 1.0, 1.0] and r["ratio"] == [0.0, 0.0, 0.0]
-        assert r["diff"][0] <= 1e-4 < min(r["diff"][1:])
+    results = _two_overlapped_ranks(taught, tmp_path, server, {"sp_size": 2, "gradient_checkpointing": False})
+    assert all(r["sp_runner"] for r in results)  # the loss passes went through the SP runner

@@ -10,7 +10,16 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
-from tests.trainer.helpers import SYSTEM, AddTool, answer_reward, grpo_args, load_taught, logged, prompt_dataset
+from tests.trainer.helpers import (
+    SYSTEM,
+    AddTool,
+    answer_reward,
+    grpo_args,
+    load_taught,
+    logged,
+    lora_config,
+    prompt_dataset,
+)
 from trl_gptoss.rollout.types import GenerationRequest
 from trl_gptoss.testing import tiny_gpt_oss
 from trl_gptoss.trainer import GptOssGRPOTrainer
@@ -125,14 +134,6 @@ def test_two_processes_with_different_tool_call_counts(taught, tmp_path, server)
 
 
 def test_lora_run_pushes_merged_weights(taught, tokenizer, tmp_path, server):
-    from peft import LoraConfig
-
-    lora = LoraConfig(
-        r=4,
-        lora_alpha=8,
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-        target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
-    )
     args = grpo_args(
         tmp_path, rollout_backend="vllm_server", rollout_server_url=server.base_url, max_steps=1, learning_rate=3e-2
     )  # one step large enough that the adapters' effect (> 1e-3 below) is far above the push tolerance
@@ -144,7 +145,7 @@ def test_lora_run_pushes_merged_weights(taught, tokenizer, tmp_path, server):
         processing_class=tokenizer,
         tools=[AddTool()],
         rollout_system=SYSTEM,
-        peft_config=lora,
+        peft_config=lora_config(),
     )
     trainer.train()
     peft_model = trainer.accelerator.unwrap_model(trainer.model)
