@@ -73,8 +73,9 @@ def _check_routing(hidden_states, router_indices, routing_weights, num_experts: 
         )
 
 
-def _check_dtypes_and_devices(hidden_states, router_indices, routing_weights, params: ExpertParams) -> None:
-    """Everything on ``hidden_states``' device; routing weights and parameters in its dtype."""
+def _check_dtypes_and_devices(hidden_states, router_indices, routing_weights, params: ExpertParams, autocast) -> None:
+    """Everything on ``hidden_states``' device; routing weights and parameters in its dtype, or, under autocast
+    (which casts them per matmul as it would for stock experts), in any floating dtype."""
     for name, tensor in (
         ("router_indices", router_indices),
         ("routing_weights", routing_weights),
@@ -82,15 +83,24 @@ def _check_dtypes_and_devices(hidden_states, router_indices, routing_weights, pa
     ):
         if tensor.device != hidden_states.device:
             raise ValueError(f"{name} is on {tensor.device} but hidden_states is on {hidden_states.device}")
-        if name != "router_indices" and tensor.dtype != hidden_states.dtype:
+        if name == "router_indices" or tensor.dtype == hidden_states.dtype:
+            continue
+        if not autocast or tensor.dtype not in _FLOAT_DTYPES:
             raise ValueError(
                 f"{name} has dtype {tensor.dtype} but hidden_states has {hidden_states.dtype}; "
-                "cast them to one dtype (e.g. model.to(dtype))"
+                "cast them to one dtype (e.g. model.to(dtype)), or run under torch.autocast"
             )
 
 
 def check_experts_inputs(
-    hidden_states, router_indices, routing_weights, params: ExpertParams, rows_per_chunk=None, layer_name="experts"
+    hidden_states,
+    router_indices,
+    routing_weights,
+    params: ExpertParams,
+    rows_per_chunk=None,
+    layer_name="experts",
+    *,
+    autocast: bool = False,
 ) -> None:
     """Raise ``ValueError`` naming ``layer_name``, the argument, the expected shape and what to change.
 
@@ -100,7 +110,7 @@ def check_experts_inputs(
     try:
         num_experts, hidden_size = _check_params(params)
         _check_routing(hidden_states, router_indices, routing_weights, num_experts, hidden_size)
-        _check_dtypes_and_devices(hidden_states, router_indices, routing_weights, params)
+        _check_dtypes_and_devices(hidden_states, router_indices, routing_weights, params, autocast)
         if rows_per_chunk is not None and (not isinstance(rows_per_chunk, int) or rows_per_chunk <= 0):
             raise ValueError(f"rows_per_chunk must be a positive int or None, got {rows_per_chunk!r}")
     except (ValueError, TypeError) as error:
