@@ -42,6 +42,7 @@ from trl_gptoss.trainer.config import GptOssGRPOConfig
 from trl_gptoss.trainer.correction import finalize_metrics, masked_log_ratio, mismatch_stats, rollout_correction
 from trl_gptoss.trainer.logprob_head import add_selective_logprobs_head
 from trl_gptoss.trainer.loss_pass import LossPass
+from trl_gptoss.trainer.master_weights import MasterWeightsGuard
 from trl_gptoss.trainer.model_card import card_model_name, rewrite_card
 from trl_gptoss.trainer.overlap import BackgroundRollouts, NextBatchPeek
 from trl_gptoss.trainer.policy import DropLoadedModelWarning, load_policy, resolve_aux_coef, switch_implementations
@@ -147,6 +148,7 @@ class GptOssGRPOTrainer(GRPOTrainer):
         self.routing_replay = RoutingReplay() if args.routing_replay else None
         self.timer = PhaseTimer(self)
         self.add_callback(OptimizerTimer(self.timer))
+        self.add_callback(MasterWeightsGuard(self))  # bf16 weights in a torch optimizer at an lr they round away
         self.last_rollouts = []  # the latest batch of this process, for inspection; no hook reads it
         self.last_weight_version = None  # global step whose weights sampled last_rollouts
         self._pushed_step = None  # global step whose weights the engine holds (None: not pushed yet)
