@@ -11,6 +11,7 @@ from trl_gptoss.scripts.grpo import parse_job_args
 
 NOT_A_DIRECTORY = "NOT_A_DIRECTORY"  # replaced by a path under a regular file
 INCOMPLETE_CHECKPOINT = "INCOMPLETE_CHECKPOINT"  # replaced by a checkpoint-N without trainer_state.json
+CHECKPOINT = "CHECKPOINT"  # replaced by an (empty) checkpoint directory: the checks never load it
 
 # (id, YAML changes, the key the message must name)
 CORPUS = [
@@ -60,6 +61,8 @@ CORPUS = [
     ("unknown-scheduler", {"lr_scheduler_type": "cosine_but_faster"}, "lr_scheduler_type"),
     ("run-name-number", {"run_name": 2024}, "run_name"),
     ("misspelt-field", {"learning_rat": 1e-5}, "learning_rat"),
+    # precision (a checkpoint path: the embedded model is fp32 and refuses every half type)
+    ("fp16-over-bf16-weights", {"model_name_or_path": CHECKPOINT, "fp16": True, "task": "gsm8k"}, "fp16: true"),
 ]
 
 
@@ -71,6 +74,9 @@ def _write_config(tmp_path: Path, changes: dict) -> Path:
         if value == NOT_A_DIRECTORY:
             (tmp_path / "a-file").write_text("")
             raw[key] = str(tmp_path / "a-file" / "run")
+        elif value == CHECKPOINT:
+            (tmp_path / "model").mkdir()
+            raw[key] = str(tmp_path / "model")
         elif value == INCOMPLETE_CHECKPOINT:
             checkpoint = tmp_path / "run" / "checkpoint-3"
             checkpoint.mkdir(parents=True)

@@ -19,6 +19,7 @@ from trl_gptoss.scripts.grpo_arguments import EMBEDDED_MODEL, JobArguments
 def check_job(job: JobArguments, training) -> None:
     """Refuse values and combinations that would fail late or train silently wrong, before any model loads."""
     problems = _job_field_problems(job) + _task_problems(job, training) + _path_problems(job, training)
+    problems += _precision_problems(job, training)
     if job.model_name_or_path == EMBEDDED_MODEL:
         if training.bf16 or training.fp16:
             problems.append("the embedded demo model trains in float32: set bf16: false (and fp16: false)")
@@ -68,6 +69,18 @@ def _job_field_problems(job: JobArguments) -> list[str]:
             f"dataset_name={job.dataset_name!r} is read only with dataset_source: hub; set that or drop dataset_name"
         )
     return problems
+
+
+def _precision_problems(job: JobArguments, training) -> list[str]:
+    """Precision setups that run but compute worse than the weights allow. (bf16 master weights at an lr they
+    cannot represent are judged at train begin, on the prepared parameters: ``trainer/master_weights.py``.)"""
+    if training.fp16 and job.dtype == "bfloat16" and job.model_name_or_path != EMBEDDED_MODEL:
+        return [
+            "fp16: true over dtype: bfloat16 weights casts every bf16 weight to fp16 in each matmul (fp16 keeps "
+            "3 more mantissa bits but loses bf16's range: nothing above 65504, nothing below 6e-8) and adds a "
+            "loss scaler, for no gain: set bf16: true (fp16: false), or load float32 weights (dtype: float32)"
+        ]
+    return []
 
 
 def _is_int(value) -> bool:
