@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import torch
 
+from gptoss_kernels.autocast import autocast_dtype, autocast_off, without_autocast
 from gptoss_kernels.experts.params import ExpertParams, check_experts_inputs
 from gptoss_kernels.experts.plan import ExpertPlan, build_expert_plan
-from gptoss_kernels.experts.precision import Precision, as_act, as_mm, autocast_dtype, precision_for
+from gptoss_kernels.experts.precision import Precision, as_act, as_mm, precision_for
 from gptoss_kernels.experts.swiglu import (
     swiglu_clamped,
     swiglu_clamped_consuming,
@@ -175,22 +176,22 @@ class SequentialExpertsFunction(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @without_autocast  # a backward called inside autocast: the casts are precision's, not autocast's
     def backward(ctx, grad_out):
         x_mm, weights_sorted, gate_up_all, *param_tensors = ctx.saved_tensors
         params, needs = ExpertParams(*param_tensors), ctx.needs_input_grad[7:]
-        with torch.autocast(grad_out.device.type, enabled=False):  # a backward called inside autocast
-            d_hidden, d_weights_sorted, d_params = _experts_backward(
-                grad_out,
-                x_mm,
-                weights_sorted,
-                gate_up_all,
-                ctx.plan,
-                params,
-                ctx.alpha,
-                ctx.limit,
-                needs,
-                ctx.precision,
-            )
+        d_hidden, d_weights_sorted, d_params = _experts_backward(
+            grad_out,
+            x_mm,
+            weights_sorted,
+            gate_up_all,
+            ctx.plan,
+            params,
+            ctx.alpha,
+            ctx.limit,
+            needs,
+            ctx.precision,
+        )
         d_weights = torch.empty_like(d_weights_sorted).index_copy_(0, ctx.plan.order, d_weights_sorted)
         d_weights = d_weights.reshape(ctx.weights_shape).to(ctx.weights_dtype)
         return d_hidden, d_weights, None, None, None, None, None, *d_params
@@ -226,7 +227,7 @@ def sequential_experts(
     of range or non-finite routing weight (one host sync per call, for the per-expert counts).
     """
     precision = precision_for(hidden_states)
-    autocast = autocast_dtype(hidden_states.device.type) is not None
+    autocast = autocast_dtype(hidden_states.device) is not None
     check_experts_inputs(
         hidden_states, router_indices, routing_weights, params, rows_per_chunk, layer_name, autocast=autocast
     )
@@ -236,7 +237,7 @@ def sequential_experts(
     tensors = (hidden_states, routing_weights, *params)
     # Inside Function.forward grad mode is off, so decide here whether backward will run (eval saves nothing).
     save_for_backward = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    with torch.autocast(hidden_states.device.type, enabled=False):  # precision already holds autocast's choice
+    with autocast_off(hidden_states.device):  # precision already holds autocast's choice
         return SequentialExpertsFunction.apply(
             hidden_states, routing_weights, plan, precision, float(alpha), float(limit), save_for_backward, *params
         )

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 
+from gptoss_kernels.autocast import autocast_dtype
 from gptoss_kernels.experts.swiglu import math_dtype_for
 
 
@@ -36,17 +37,10 @@ class Precision(NamedTuple):
         return self.mm != self.act
 
 
-def autocast_dtype(device_type: str) -> torch.dtype | None:
-    """The dtype ``torch.autocast`` lowers matmuls to on ``device_type`` now, or ``None`` when it is off."""
-    if not torch.is_autocast_enabled(device_type):
-        return None
-    return torch.get_autocast_dtype(device_type)
-
-
 def precision_for(hidden_states: torch.Tensor) -> Precision:
     """The op's dtypes for these activations under the current autocast state."""
     io = hidden_states.dtype
-    lowered = autocast_dtype(hidden_states.device.type)
+    lowered = autocast_dtype(hidden_states.device)
     mm = lowered if lowered is not None and io != torch.float64 else io
     act = torch.promote_types(mm, io)
     return Precision(io=io, mm=mm, act=act, math=math_dtype_for(act))
