@@ -71,6 +71,8 @@ def _check(cell: Cell, result: dict) -> None:
         if dtype != _expected_param_dtype(cell, n, facts)
     }
     assert not wrong, f"parameter dtypes after the step (got, expected): {wrong}"
+    if cell.layout == "fsdp2":  # FSDP2's output_dtype=bf16 would cast them (trainer/fsdp_precision.py)
+        assert facts["logp_dtype"] == "float32", f"the loss pass's log-probs left the model in {facts['logp_dtype']}"
     grads = {n: d for n, d in result["loss_pass"]["dtypes"].items() if d[1] != d[0]}
     assert not grads, f"gradients not in their parameter's dtype (param, grad): {grads}"
     failed = [_describe(name, q) for name, q in result["compare"].items() if not q["ok"]]

@@ -40,6 +40,7 @@ from trl_gptoss.trainer.checks import (
 )
 from trl_gptoss.trainer.config import GptOssGRPOConfig
 from trl_gptoss.trainer.correction import finalize_metrics, masked_log_ratio, mismatch_stats, rollout_correction
+from trl_gptoss.trainer.fsdp_precision import keep_outputs_as_computed
 from trl_gptoss.trainer.logprob_head import add_selective_logprobs_head
 from trl_gptoss.trainer.loss_pass import LossPass
 from trl_gptoss.trainer.master_weights import MasterWeightsGuard
@@ -132,6 +133,7 @@ class GptOssGRPOTrainer(GRPOTrainer):
         finally:
             trl_logger.removeFilter(quiet)
         check_world(self.accelerator.num_processes)
+        keep_outputs_as_computed(self.accelerator)  # before prepare: FSDP2 would cast the log-probs to bf16
         if self.ref_model is not None:  # TRL built it from the policy's path: same implementations
             switch_implementations(self.ref_model, args)
         if args.logprobs_implementation == "selective_logprobs":
