@@ -94,3 +94,13 @@ demo-sinks: $(STAMPS)/venv $(STAMPS)/vllm
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(COMPAT_VENV) $(STAMPS)
+
+# The GPU check kit (docs/triton_kernels.md, "GPU check kit"). `gpu-wheels` builds .gpu-carry/ (pinned wheels the lent
+# GPU host lacks, split over two device commands of <= 64 MiB, repository included); `gpu-check-dry-run` runs the kit
+# on this CPU at tiny sizes (the suite runs it too: tests/scripts/test_gpu_check_dry_run.py).
+.PHONY: gpu-wheels gpu-check-dry-run
+gpu-wheels:
+	$(PYTHON) scripts/gpu_wheels.py
+
+gpu-check-dry-run: $(STAMPS)/venv
+	$(TEST_ENV) PYTHON=$(PY) bash scripts/gpu_check.sh runs/gpu-check-dry-run --dry-run

@@ -194,6 +194,51 @@ def test_fa4_matches_reference_on_sm90():
     assert sinks.grad is not None and torch.isfinite(sinks.grad).all()
 
 
+# dtype, head_dim, layout, expected ``auto`` choice ("fa4|triton": FA4 when flash-attn-4 runs on this GPU)
+GPU_DISPATCH_CASES = {
+    "bf16-d64-packed-two-docs": (torch.bfloat16, 64, "packed", "fa4|triton"),
+    "fp16-d64-batched": (torch.float16, 64, "batched", "fa4|triton"),
+    "fp32-d64-packed": (torch.float32, 64, "packed", "triton"),
+    "bf16-d80-packed": (torch.bfloat16, 80, "packed", "triton"),
+    "bf16-d64-key-mask-holes": (torch.bfloat16, 64, "key_mask", "chunked"),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("dtype", "dim", "layout", "expected"), GPU_DISPATCH_CASES.values(), ids=GPU_DISPATCH_CASES)
+def test_auto_choice_per_case_on_gpu(dtype, dim, layout, expected):
+    """On a GPU ``auto`` takes FA4 where flash-attn-4 runs the case, else Triton; padding holes go to the chunked
+    path. Whichever it takes matches the float64 reference: o and every gradient, dsinks included."""
+    from gptoss_kernels.fa4 import fa4_available
+
+    want = ("fa4" if fa4_available() else "triton") if expected == "fa4|triton" else expected
+    gen = torch.Generator().manual_seed(0)
+    kwargs, window = {}, 64
+    if layout == "packed":  # documents of 100 and 201 tokens: neither is a multiple of a tile
+        q, k, v = (torch.randn(301, h, dim, generator=gen) for h in (8, 2, 2))
+        kwargs = dict(cu_seqlens=torch.tensor([0, 100, 301], dtype=torch.int32, device="cuda"), max_seqlen=201)
+    else:
+        q, k, v = (torch.randn(2, 150, h, dim, generator=gen) for h in (8, 2, 2))
+        if layout == "key_mask":
+            key_mask = torch.ones(2, 150, dtype=torch.bool)
+            key_mask[0, 40:47] = False  # a hole in the middle: no contiguous padding
+            kwargs = dict(key_mask=key_mask.cuda())
+    sinks = torch.rand(8, generator=gen) * 4 - 1
+    name, reason = select_backend(q.cuda(), k.cuda(), kwargs.get("cu_seqlens"), window, key_mask=kwargs.get("key_mask"))
+    assert name == want, f"auto chose {name} ({reason}), expected {want}"
+    leaves64 = [t.double().cuda().requires_grad_() for t in (q, k, v, sinks)]
+    ref = sink_attention_ref(*leaves64, window=window, **kwargs)
+    grad = torch.randn(ref.shape, generator=gen, dtype=torch.float64).cuda()
+    want_all = [ref, *torch.autograd.grad(ref, leaves64, grad)]
+    leaves = [t.detach().to(dtype if i < 3 else torch.float32).requires_grad_() for i, t in enumerate(leaves64)]
+    out = sink_attention(*leaves, window=window, **kwargs)
+    got_all = [out, *torch.autograd.grad(out, leaves, grad.to(dtype))]
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    for label, got, expected_tensor in zip(("o", "dq", "dk", "dv", "dsinks"), got_all, want_all):
+        err = (got.double() - expected_tensor).abs().max().item() / max(expected_tensor.abs().max().item(), 1e-6)
+        assert err <= tolerance, f"{name} {label}: relative error {err:.2e} > {tolerance:.0e} ({reason})"
+
+
 def test_backend_table_is_the_one_dispatch_rule(monkeypatch):
     """``BACKENDS`` is ``auto`` plus the table's rows; a forced row runs exactly when its ``supports`` says
     so and otherwise raises with that row's own reason; ``auto`` names the refusal that sent it on."""

@@ -14,7 +14,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from gptoss_kernels import sink_attention_ref  # noqa: E402
+from gptoss_kernels import sink_attention, sink_attention_ref  # noqa: E402
 from gptoss_kernels.triton import launchers, sink_attention_triton  # noqa: E402
 from gptoss_kernels.triton.common import _cast  # noqa: E402
 
@@ -123,6 +123,15 @@ def _triton(case, q, k, v, sinks, do):
     return _grads(fn, q, k, v, sinks, do)
 
 
+def _fa4(case, q, k, v, sinks, do):
+    """FA4's learnable_sink through the public dispatcher (``backend="fa4"``), same contract as ``_triton``."""
+    cu = _cu_seqlens(case.lens, q.device)
+    fn = lambda q, k, v, s: sink_attention(
+        q, k, v, s, cu_seqlens=cu, max_seqlen=max(case.lens), window=case.window, scale=case.scale, backend="fa4"
+    )
+    return _grads(fn, q, k, v, sinks, do)
+
+
 def _torch_lowp(case, q, k, v, sinks, do):
     """The same math as transformers' GPT-OSS eager, every op in the low dtype (the tolerance yardstick)."""
     scale = case.d**-0.5 if case.scale is None else case.scale
@@ -217,13 +226,13 @@ def test_low_precision_within_twice_torch_error(case, dtype):
     _check_low_precision(case, dtype, "cpu")
 
 
-def _check_low_precision(case, dtype, device):
-    """``|kernel - ref64| <= 2 |torch_lowp - ref64| + atol`` for o and every gradient (also the GPU test)."""
+def _check_low_precision(case, dtype, device, run=_triton):
+    """``|kernel - ref64| <= 2 |torch_lowp - ref64| + atol`` for o and every gradient (also the GPU tests)."""
     q, k, v, sinks, do = (t.to(device) for t in _inputs(case, dtype))
     sinks = sinks.float()
     ref = _reference64(case, q, k, v, sinks, do)  # float64 math on the same rounded inputs
     lowp = _torch_lowp(case, q, k, v, sinks, do)
-    got = _triton(case, q, k, v, sinks, do)
+    got = run(case, q, k, v, sinks, do)
     assert [t.dtype for t in got] == [dtype] * 4 + [torch.float32]
     lowp_err = [(t.double() - r).abs().max().item() for t, r in zip(lowp, ref)]
     dsinks_formula = _dsinks_from_output(case, q, k, v, sinks, do, lowp[0])
@@ -368,6 +377,18 @@ def test_kernels_compile_to_cubin_for_cuda(args, tmp_path):
 def test_gpt_oss_shape_bf16_on_gpu(window):
     """64 q heads / 8 kv heads, d 64, two documents totalling 4096 tokens, bf16, default CUDA block sizes."""
     _check_low_precision(Case((3000, 1096), 64, 8, d=64, window=window, blocks=None), torch.bfloat16, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [None, 128], ids=["full", "window128"])
+def test_fa4_gpt_oss_shape_bf16_on_gpu(window):
+    """FA4's learnable_sink through the dispatcher: the Triton GPU test's case, yardstick and gradients."""
+    from gptoss_kernels.fa4 import fa4_available
+
+    if not fa4_available():
+        pytest.skip("flash-attn-4 on SM90+ is not available")
+    case = Case((3000, 1096), 64, 8, d=64, window=window, blocks=None)
+    _check_low_precision(case, torch.bfloat16, "cuda", run=_fa4)
 
 
 def test_every_kernel_is_launched_by_keyword():
