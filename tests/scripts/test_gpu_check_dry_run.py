@@ -122,3 +122,11 @@ def test_carry_that_cannot_fit_two_commands_is_refused():
         "stash": [],
         "run": [("a", 0, 100), ("b", 0, 200)],
     }
+
+
+def test_a_gpu_test_run_killed_at_its_cap_keeps_what_finished():
+    output = "tests/kernels/test_dispatch.py::test_a[bf16-x] PASSED   [ 10%]\nnoise\ntests/k.py::test_b FAILED [ 20%]"
+    assert [(t["id"], t["outcome"]) for t in gpu_check._verbose_lines(output)] == [
+        ("tests/kernels/test_dispatch.py::test_a[bf16-x]", "passed"),
+        ("tests/k.py::test_b", "failed"),
+    ]
