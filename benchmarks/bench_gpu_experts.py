@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import torch
 from bench_experts import _reference as float64_reference
-from gpu_common import GIB, Bench, parser, relative_error
+from gpu_common import FAILED, GIB, Bench, parser, relative_error
 
 GPU_SHAPE = SimpleNamespace(hidden=2880, inter=2880, experts=32, top_k=4, tokens=(16384, 65536), prefix=256)
 DRY_SHAPE = SimpleNamespace(hidden=32, inter=32, experts=4, top_k=2, tokens=(64,), prefix=16)
@@ -130,18 +130,19 @@ def body(bench: Bench, tokens_list) -> None:
     if tokens_list:
         shape = SimpleNamespace(**{**vars(shape), "tokens": tokens_list})
     bench.extra["shape"] = vars(shape) | {"dtype": "bf16", "mode": "train"}
-    for impl in IMPLS:
-        verify(bench, shape, impl)
+    verified = [i for i in IMPLS if bench.attempt({"impl": i, "verify": True}, verify, bench, shape, i) is not FAILED]
     for tokens in shape.tokens:
-        for impl in IMPLS:
+        for impl in verified:
             case = {"impl": impl, "tokens": tokens}
             estimate = 4 * train_flops(shape, tokens) / RATE + 3
             reason = bench.fits_memory(_need_bytes(shape, impl, tokens)) or bench.fits_time(estimate)
             if reason:
                 bench.skip(case, reason)
                 continue
-            bench.rows.append(measure(bench, shape, impl, tokens))
-            print(bench.rows[-1], flush=True)
+            row = bench.attempt(case, measure, bench, shape, impl, tokens)
+            if row is not FAILED:
+                bench.rows.append(row)
+                print(row, flush=True)
     _goals(bench, shape)
 
 

@@ -34,7 +34,7 @@ import copy
 from types import SimpleNamespace
 
 import torch
-from gpu_common import GIB, Bench, parser, relative_error
+from gpu_common import FAILED, GIB, Bench, parser, relative_error
 
 GPU_SHAPE = SimpleNamespace(
     hidden=2880, inter=2880, hq=64, hkv=8, d=64, experts=32, top_k=4, window=128, seqlens=(16384, 65536), verify=512
@@ -268,11 +268,10 @@ def body(bench: Bench, seqlens) -> None:
     shape = DRY_SHAPE if bench.dry_run else GPU_SHAPE
     seqlens = seqlens or shape.seqlens
     bench.extra["shape"] = vars(shape) | {"dtype": "bf16", "attention": "fa3_sink", "experts": "gptoss_sequential"}
-    for kind in KINDS:
-        verify(bench, shape, kind)
-    for kind in KINDS:
-        model = build(shape, kind, bench.device)
-        for tokens in seqlens:
+    verified = [k for k in KINDS if bench.attempt({"kind": k, "verify": True}, verify, bench, shape, k) is not FAILED]
+    for kind in verified:
+        model = bench.attempt({"kind": kind, "build": True}, build, shape, kind, bench.device)
+        for tokens in seqlens if model is not FAILED else ():
             window = shape.window if kind == "sliding_attention" else None
             case = {"kind": kind, "tokens": tokens}
             estimate = 8 * flops(shape, tokens, window) / RATE + 5  # warm-up + 1 rep + the peak step, each 4x fwd
@@ -281,8 +280,10 @@ def body(bench: Bench, seqlens) -> None:
             if reason:
                 bench.skip(case, reason)
                 continue
-            bench.rows.append(measure(bench, model, shape, kind, tokens))
-            print(bench.rows[-1], flush=True)
+            row = bench.attempt(case, measure, bench, model, shape, kind, tokens)
+            if row is not FAILED:
+                bench.rows.append(row)
+                print(row, flush=True)
         del model
     for row in bench.rows:
         if row["peak_vs_arith"] is not None:

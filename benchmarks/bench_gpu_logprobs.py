@@ -19,7 +19,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
-from gpu_common import GIB, Bench, parser, relative_error
+from gpu_common import FAILED, GIB, Bench, parser, relative_error
 
 GPU_SHAPE = SimpleNamespace(hidden=2880, vocab=201088, tokens=(16384, 65536), verify=256)
 DRY_SHAPE = SimpleNamespace(hidden=64, vocab=1000, tokens=(64,), verify=16)
@@ -97,10 +97,9 @@ def body(bench: Bench, tokens_list) -> None:
     if tokens_list:
         shape = SimpleNamespace(**{**vars(shape), "tokens": tokens_list})
     bench.extra["shape"] = vars(shape) | {"dtype": "bf16", "tf32": torch.backends.cuda.matmul.allow_tf32}
-    for impl in IMPLS:
-        verify(bench, shape, impl)
+    verified = [i for i in IMPLS if bench.attempt({"impl": i, "verify": True}, verify, bench, shape, i) is not FAILED]
     for tokens in shape.tokens:
-        for impl in IMPLS:
+        for impl in verified:
             case = {"impl": impl, "tokens": tokens}
             passes = 4 if impl == "selective_logprobs" else 3  # ours recomputes the logits in backward
             estimate = 3 * passes * 2 * tokens * shape.vocab * shape.hidden / RATE[impl] + 2
@@ -108,8 +107,10 @@ def body(bench: Bench, tokens_list) -> None:
             if reason:
                 bench.skip(case, reason)
                 continue
-            bench.rows.append(measure(bench, shape, impl, tokens))
-            print(bench.rows[-1], flush=True)
+            row = bench.attempt(case, measure, bench, shape, impl, tokens)
+            if row is not FAILED:
+                bench.rows.append(row)
+                print(row, flush=True)
     rows = {(r["impl"], r["tokens"]): r for r in bench.rows}
     for tokens in shape.tokens:
         ours, full = rows.get(("selective_logprobs", tokens)), rows.get(("full_log_softmax", tokens))

@@ -33,7 +33,7 @@ from types import SimpleNamespace
 from typing import NamedTuple
 
 import torch
-from gpu_common import Bench, parser, relative_error
+from gpu_common import FAILED, Bench, parser, relative_error
 
 GPU_SHAPE = SimpleNamespace(hq=64, hkv=8, d=64, window=128, seqlens=(4096, 16384, 65536), verify=(2, 700))
 DRY_SHAPE = SimpleNamespace(hq=4, hkv=2, d=64, window=16, seqlens=(40,), verify=(2, 24))
@@ -298,8 +298,8 @@ def body(bench: Bench, seqlens) -> None:
         if why_not:
             bench.skip({"impl": impl.name}, why_not)
             continue
-        verify(bench, impl, shape)
-        usable.append(impl)
+        if bench.attempt({"impl": impl.name, "verify": True}, verify, bench, impl, shape) is not FAILED:
+            usable.append(impl)
     for window in (None, shape.window):
         for t in seqlens:
             x = make_inputs(shape, 1, t, bench.device)
@@ -319,9 +319,11 @@ def body(bench: Bench, seqlens) -> None:
                 if reason:
                     bench.skip(case, reason)
                     continue
-                bench.rows.append(measure(bench, impl, shape, t, window))
+                row = bench.attempt(case, measure, bench, impl, shape, t, window)
                 compiled.add((impl.name, window))
-                print(bench.rows[-1], flush=True)
+                if row is not FAILED:
+                    bench.rows.append(row)
+                    print(row, flush=True)
     order = {impl.name: i for i, impl in enumerate(IMPLS)}
     bench.rows.sort(key=lambda r: (order[r["impl"]], r["window"] or 0, r["seqlen"]))
     _goals(bench, goal_t)

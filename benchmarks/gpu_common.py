@@ -4,9 +4,10 @@ Each kit benchmark (``bench_triton_attention.py``, ``bench_gpu_layer.py``, ``ben
 ``bench_gpu_logprobs.py``) runs one code path in two modes: on a CUDA GPU at GPT-OSS sizes, and with
 ``--dry-run`` on the CPU at tiny sizes (Triton under ``TRITON_INTERPRET=1``), so the CPU suite runs every
 part's logic and JSON between the rare GPU lends. Every benchmark verifies its numbers before timing them
-(STYLE.md 7), never raises out of ``main`` (a failure is recorded in its JSON with ``status: fail``) and checks
-its own deadline (``--budget-s``) before each case: a case that would not finish is listed as skipped with the
-reason, never half-run.
+(STYLE.md 7), never raises out of ``main`` (a failure is recorded in its JSON with ``status: fail``; a failed
+verification or case stops only what depends on it: ``Bench.attempt``) and checks its own deadline
+(``--budget-s``) before each case: a case that would not finish is listed as skipped with the reason, never
+half-run.
 
 The record every benchmark writes (``Bench.write``): ``{"part", "status": pass|fail|skip, "reason",
 "dry_run", "environment", "elapsed_s", "rows", "skipped", "checks", "goals", "table_md", ...}``.
@@ -28,6 +29,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
+FAILED = object()  # what ``Bench.attempt`` returns for a call that raised
 
 
 def parser(description: str, default_budget_s: float) -> argparse.ArgumentParser:
@@ -85,6 +87,7 @@ class Bench:
         self.checks: list[dict] = []
         self.goals: list[dict] = []
         self.extra: dict = {}
+        self.failures: list[str] = []
         self.status, self.reason = "pass", ""
 
     # ------------------------------------------------------------------ budget
@@ -94,6 +97,19 @@ class Bench:
     def skip(self, case: dict, reason: str) -> None:
         self.skipped.append({**case, "reason": reason})
         print(f"skip {case}: {reason}", flush=True)
+
+    def attempt(self, case: dict, fn, *args) -> object:
+        """``fn(*args)``, or ``FAILED`` after recording the failure as a skipped case: one broken verification,
+        compile or out-of-memory does not stop the part's other cases (the part still ends ``fail``)."""
+        try:
+            return fn(*args)
+        except Exception as error:
+            traceback.print_exc()
+            self.failures.append(f"{case}: {type(error).__name__}: {str(error)[:300]}")
+            self.skip(case, f"failed: {type(error).__name__}: {str(error)[:300]}")
+            if self.device == "cuda":
+                torch.cuda.empty_cache()
+            return FAILED
 
     def fits_time(self, estimate_s: float) -> str | None:
         """None when ``estimate_s`` fits the part's remaining budget, else the reason to skip."""
@@ -169,6 +185,8 @@ class Bench:
             except Exception as error:  # a part never dies without its JSON
                 traceback.print_exc()
                 self.status, self.reason = "fail", f"{type(error).__name__}: {error}"
+        if self.status == "pass" and self.failures:
+            self.status, self.reason = "fail", "; ".join(self.failures)[:2000]
         if self.status == "pass" and not self.rows:
             self.status = "skip"
             self.reason = self.reason or "no case ran: " + "; ".join(sorted({s["reason"] for s in self.skipped}))
