@@ -385,7 +385,8 @@ def summary_md(summary: dict, records: dict[str, dict]) -> str:
             lines += [record["table_md"], ""]
         for goal in record.get("goals", []):
             value = "—" if goal["value"] is None else f"{goal['value']:.3g}"
-            met = {True: "met", False: "MISSED", None: "not measured"}[goal["met"]]
+            unjudged = "not judged (dry run)" if summary["dry_run"] else "not measured"
+            met = {True: "met", False: "MISSED", None: unjudged}[goal["met"]]
             lines.append(f"- goal: {goal['name']}: {value} ({goal['target']}): {met}")
         failed = [c for c in record.get("checks", []) if not c["ok"]]
         lines += [f"- check FAILED: {c['name']}: {c['error']:.3e} > {c['tolerance']:.3e}" for c in failed]
