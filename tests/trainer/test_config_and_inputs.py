@@ -8,10 +8,12 @@ from datasets import Dataset
 from trl import TrlParser
 
 from tests.trainer.helpers import grpo_args, prompt_dataset
+from trl_gptoss.rollout.config import MAX_TURNS
 from trl_gptoss.testing import tiny_gpt_oss
 from trl_gptoss.trainer import GptOssGRPOConfig, GptOssGRPOTrainer
 from trl_gptoss.trainer.config import UNSET_AUX_COEF
 from trl_gptoss.trainer.correction import CorrectionPreset
+from trl_gptoss.trainer.rollouts import rollout_config
 
 
 def test_defaults_and_every_added_field_has_help():
@@ -47,6 +49,12 @@ def test_trl_fields_are_the_vocabulary_with_our_defaults():
     assert not off.correction_preset.applies_weights
     unbounded = GptOssGRPOConfig("out", use_cpu=True, max_tool_calling_iterations=None, max_completion_length=64)
     assert unbounded.max_turns_per_conversation == 64
+    # One turn bound, the rollout loop's: what the config accepts, the loop accepts (before, a long
+    # max_completion_length with null iterations passed here and was refused at the first rollout).
+    long = GptOssGRPOConfig("out", use_cpu=True, max_tool_calling_iterations=None, max_completion_length=16384)
+    assert rollout_config(long, step=0, process_index=0).max_turns == MAX_TURNS
+    most = GptOssGRPOConfig("out", use_cpu=True, max_tool_calling_iterations=MAX_TURNS - 1)
+    assert rollout_config(most, step=0, process_index=0).max_turns == MAX_TURNS
     no_upper = GptOssGRPOConfig(
         "out", use_cpu=True, vllm_importance_sampling_mode="token_mask", vllm_importance_sampling_clip_max=None
     )
@@ -104,6 +112,8 @@ def test_trl_fields_we_cannot_honour_are_refused(fields, key):
         (dict(num_generations=0), "num_generations"),
         (dict(max_tool_calling_iterations=True), "max_tool_calling_iterations"),
         (dict(max_tool_calling_iterations=-1), "max_tool_calling_iterations"),
+        (dict(max_tool_calling_iterations=1000), "max_tool_calling_iterations"),
+        (dict(max_turns=1001), "max_tool_calling_iterations"),  # the deprecated name maps onto it
         (dict(max_turns=True), "max_turns"),
         (dict(tool_names=None), "tool_names"),
         (dict(tool_names=["calculator"]), "tool_names"),

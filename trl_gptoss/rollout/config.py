@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 
 from trl_gptoss.harmony import SystemContent
 
+# The most assistant turns one conversation may take: a bound on the loop itself (each turn is a request, a
+# parse and maybe a tool call), far above any useful agentic rollout. The trainer's config refuses what exceeds it.
+MAX_TURNS = 1000
+
 
 @dataclass
 class RolloutConfig:
@@ -70,8 +74,8 @@ class RolloutConfig:
     )
 
     def __post_init__(self):
-        if not isinstance(self.max_turns, int) or not 1 <= self.max_turns <= 1000:
-            raise ValueError(f"RolloutConfig.max_turns must be an int in [1, 1000], got {self.max_turns!r}")
+        if not isinstance(self.max_turns, int) or not 1 <= self.max_turns <= MAX_TURNS:
+            raise ValueError(f"RolloutConfig.max_turns must be an int in [1, {MAX_TURNS}], got {self.max_turns!r}")
         if not isinstance(self.max_completion_tokens, int) or self.max_completion_tokens < 1:
             raise ValueError(
                 f"RolloutConfig.max_completion_tokens must be a positive int, got {self.max_completion_tokens!r}"

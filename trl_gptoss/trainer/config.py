@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from trl import GRPOConfig
 
 from trl_gptoss import FA3_SINK
+from trl_gptoss.rollout.config import MAX_TURNS
 from trl_gptoss.trainer import fields as check
 from trl_gptoss.trainer.correction import CorrectionPreset, CorrectionThresholds, preset_from_trl
 from trl_gptoss.trainer.logprob_head import LOGPROBS_IMPLEMENTATIONS
@@ -63,7 +64,8 @@ class GptOssGRPOConfig(GRPOConfig):
         default=7,
         metadata={
             "help": "Most tool calls answered per conversation (TRL's field; each call starts a new assistant "
-            "turn, so a conversation has at most this + 1 turns). None: bounded only by max_completion_length."
+            "turn, so a conversation has at most this + 1 turns; at most 999). None: bounded by max_completion_length "
+            "(and the rollout loop's 1000 turns)."
         },
     )
     vllm_importance_sampling_mode: str = field(
@@ -264,6 +266,12 @@ class GptOssGRPOConfig(GRPOConfig):
         check.positive_int("steps_per_generation", self.steps_per_generation, allow_none=True)
         check.positive_int("generation_batch_size", self.generation_batch_size, allow_none=True)
         check.positive_int("max_tool_calling_iterations", self.max_tool_calling_iterations, minimum=0, allow_none=True)
+        if self.max_tool_calling_iterations is not None and self.max_tool_calling_iterations >= MAX_TURNS:
+            raise ValueError(
+                f"max_tool_calling_iterations must be at most {MAX_TURNS - 1} (the rollout loop takes at most "
+                f"{MAX_TURNS} turns per conversation), got {self.max_tool_calling_iterations}; null bounds the "
+                "calls by max_completion_length instead"
+            )
         check.finite_number("temperature", self.temperature, low=0, low_open=True)
         check.finite_number("top_p", self.top_p, low=0, high=1, low_open=True)
         check.positive_int("top_k", self.top_k, minimum=-1)
@@ -311,8 +319,8 @@ class GptOssGRPOConfig(GRPOConfig):
     @property
     def max_turns_per_conversation(self) -> int:
         """Assistant turns a conversation may take: one per answered tool call plus the final one."""
-        if self.max_tool_calling_iterations is None:
-            return self.max_completion_length  # every turn samples at least one token
+        if self.max_tool_calling_iterations is None:  # every turn samples at least one token
+            return min(self.max_completion_length, MAX_TURNS)
         return self.max_tool_calling_iterations + 1
 
     @property
