@@ -127,6 +127,8 @@ def test_trl_fields_we_cannot_honour_are_refused(fields, key):
         (dict(vllm_importance_sampling_correction="yes"), "vllm_importance_sampling_correction"),
         (dict(vllm_importance_sampling_clip_max=0.0), "vllm_importance_sampling_clip_max"),
         (dict(rollout_rs_threshold=0.5), "rollout_rs_threshold"),
+        (dict(model_init_kwargs={"attn_implementation": "eager"}), "model_init_kwargs.attn_implementation"),
+        (dict(model_init_kwargs={"experts_implementation": "eager"}), "model_init_kwargs.experts_implementation"),
     ],
 )
 def test_bad_values_fail_at_construction_naming_the_key(fields, key):

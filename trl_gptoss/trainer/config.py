@@ -196,8 +196,21 @@ class GptOssGRPOConfig(GRPOConfig):
                 "old-log-prob pass runs; drop routing_replay or reuse batches (e.g. num_iterations=2)"
             )
         self._check_staleness_schedule()
+        self._check_model_init_implementations()
         if self.sp_size > 1 and self.world_size % self.sp_size:
             raise ValueError(f"sp_size={self.sp_size} must divide the number of processes ({self.world_size})")
+
+    def _check_model_init_implementations(self) -> None:
+        """One owner for the implementations: ``model_init_kwargs`` naming another one than the field would load
+        the policy with it while the reference model and sequence parallelism use the field."""
+        init = self.model_init_kwargs if isinstance(self.model_init_kwargs, dict) else {}
+        for name in ("attn_implementation", "experts_implementation"):
+            if init.get(name) is not None and init[name] != getattr(self, name):
+                raise ValueError(
+                    f"model_init_kwargs.{name}={init[name]!r} differs from {name}={getattr(self, name)!r}: the "
+                    f"policy would load with the first, the reference model and sequence parallelism use the "
+                    f"second; set {name} only"
+                )
 
     def _map_deprecated(self) -> None:
         for name, replacement in _DEPRECATED.items():
