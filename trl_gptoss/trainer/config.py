@@ -15,7 +15,14 @@ from trl import GRPOConfig
 from trl_gptoss import FA3_SINK
 from trl_gptoss.rollout.config import MAX_TURNS
 from trl_gptoss.trainer import fields as check
-from trl_gptoss.trainer.correction import CorrectionPreset, CorrectionThresholds, preset_from_trl
+from trl_gptoss.trainer.correction import (
+    PRESETS,
+    TRL_IS_MODES,
+    CorrectionPreset,
+    CorrectionThresholds,
+    preset_from_trl,
+    trl_fields_of,
+)
 from trl_gptoss.trainer.logprob_head import LOGPROBS_IMPLEMENTATIONS
 from trl_gptoss.trainer.refused import refused_parent_fields
 
@@ -38,16 +45,6 @@ _DEPRECATED = {
     "rollout_correction": "vllm_importance_sampling_correction/_mode and rollout_geometric_rejection",
     "rollout_is_threshold": "vllm_importance_sampling_clip_max",
     "rollout_is_threshold_lower": "vllm_importance_sampling_clip_min",
-}
-# Old preset name -> (vllm_importance_sampling_mode or None for no IS, geometric rejection).
-_LEGACY_PRESETS = {
-    "none": (None, False),
-    "token_tis": ("token_truncate", False),
-    "token_mis": ("token_mask", False),
-    "seq_tis": ("sequence_truncate", False),
-    "seq_mis": ("sequence_mask", False),
-    "geo_rs": (None, True),
-    "geo_rs_token_tis": ("token_truncate", True),
 }
 
 
@@ -220,8 +217,8 @@ class GptOssGRPOConfig(GRPOConfig):
             check.positive_int("max_turns", self.max_turns)
             self.max_tool_calling_iterations = self.max_turns - 1
         if self.rollout_correction is not None:
-            check.one_of("rollout_correction", self.rollout_correction, _LEGACY_PRESETS)
-            mode, geometric = _LEGACY_PRESETS[self.rollout_correction]
+            check.one_of("rollout_correction", self.rollout_correction, PRESETS)
+            mode, geometric = trl_fields_of(self.rollout_correction)
             self.vllm_importance_sampling_correction = mode is not None
             self.vllm_importance_sampling_mode = mode or self.vllm_importance_sampling_mode
             self.rollout_geometric_rejection = geometric
@@ -289,7 +286,7 @@ class GptOssGRPOConfig(GRPOConfig):
         check.finite_number("top_p", self.top_p, low=0, high=1, low_open=True)
         check.positive_int("top_k", self.top_k, minimum=-1)
         check.one_of("loss_type", self.loss_type, check.LOSS_TYPES)
-        check.one_of("vllm_importance_sampling_mode", self.vllm_importance_sampling_mode, _IS_MODES)
+        check.one_of("vllm_importance_sampling_mode", self.vllm_importance_sampling_mode, TRL_IS_MODES)
         if not isinstance(self.vllm_importance_sampling_correction, bool):
             raise ValueError(
                 "vllm_importance_sampling_correction must be true or false, got "
@@ -348,9 +345,6 @@ class GptOssGRPOConfig(GRPOConfig):
         """Every completion is trained on only by the parameters that generated it: no batch reuse and no
         overlap (``max_staleness=0``), so the PPO ratio is exactly 1 and the engine samples the trained policy."""
         return not self.needs_old_logprobs_pass and self.max_staleness == 0
-
-
-_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 def _checked_tool_names(names) -> list[str]:

@@ -67,8 +67,8 @@ PRESETS: dict[str, CorrectionPreset] = {
 }
 
 
-# TRL's ``vllm_importance_sampling_mode`` -> (IS level, IS mode).
-_TRL_IS_MODES: dict[str, tuple[ISLevel, ISMode]] = {
+# TRL's ``vllm_importance_sampling_mode`` -> (IS level, IS mode): the one list of the IS mode names.
+TRL_IS_MODES: dict[str, tuple[ISLevel, ISMode]] = {
     "token_truncate": ("token", "truncate"),
     "token_mask": ("token", "mask"),
     "sequence_truncate": ("sequence", "truncate"),
@@ -80,10 +80,19 @@ def preset_from_trl(is_mode: str | None, geometric_rejection: bool) -> Correctio
     """The preset meant by TRL's ``vllm_importance_sampling_mode`` (None: no IS weights) plus geometric rejection."""
     if is_mode is None:
         return CorrectionPreset(None, None, geometric_rejection)
-    if is_mode not in _TRL_IS_MODES:
-        raise ValueError(f"vllm_importance_sampling_mode={is_mode!r}; choose one of {sorted(_TRL_IS_MODES)}")
-    level, mode = _TRL_IS_MODES[is_mode]
+    if is_mode not in TRL_IS_MODES:
+        raise ValueError(f"vllm_importance_sampling_mode={is_mode!r}; choose one of {sorted(TRL_IS_MODES)}")
+    level, mode = TRL_IS_MODES[is_mode]
     return CorrectionPreset(level, mode, geometric_rejection)
+
+
+def trl_fields_of(preset_name: str) -> tuple[str | None, bool]:
+    """``(vllm_importance_sampling_mode or None, rollout_geometric_rejection)`` meaning the preset ``preset_name``:
+    how a deprecated ``rollout_correction`` name maps onto TRL's fields."""
+    preset = PRESETS[preset_name]
+    weights = (preset.is_level, preset.is_mode)
+    mode = next((name for name, level_mode in TRL_IS_MODES.items() if level_mode == weights), None)
+    return mode, preset.geometric_rejection
 
 
 @dataclass(frozen=True)
