@@ -22,12 +22,14 @@ Outputs in ``output_dir``: checkpoints, ``trainer_state.json`` (log history), ``
 (``trl-gptoss plot RUN_DIR ...`` redraws and overlays them), ``README.md`` (model card), ``summary.json``.
 """
 
-from trl_gptoss.scripts.grpo import parse_job_args, run
+from trl_gptoss.scripts.grpo import end_distributed, parse_job_args, run
 
 
 def main(argv=None):
     job, training = parse_job_args(argv)  # --config x.yaml plus --field value overrides; checked here
-    return run(job, training)  # dataset -> model -> GptOssGRPOTrainer.train -> plots, model card, summary
+    summary = run(job, training)  # dataset -> model -> GptOssGRPOTrainer.train -> plots, model card, summary
+    end_distributed()  # a launched job's process group, destroyed once it succeeded
+    return summary
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from trl_gptoss.plotting import plot_runs
-from trl_gptoss.scripts.grpo import parse_job_args, run
+from trl_gptoss.scripts.grpo import end_distributed, parse_job_args, run
 
 ATTENTIONS = ("fa3_sink", "sinkless")
 
@@ -38,6 +38,7 @@ def main(argv=None):
             ]
         )
         summaries[attention] = run(job, training)
+    end_distributed()
     paths = plot_runs([root / a for a in ATTENTIONS], root / "plots", labels=list(ATTENTIONS))
     print(f"\noverlaid curves: {root / 'plots'} ({len(paths)} files)")
     for attention, summary in summaries.items():

@@ -29,6 +29,7 @@ __all__ = [
     "JobArguments",
     "build_embedded_model",
     "check_job",
+    "end_distributed",
     "load_dataset_for",
     "main",
     "parse_job_args",
@@ -222,6 +223,21 @@ def _train(job: JobArguments, training) -> dict:
         trainer.close()
 
 
+def end_distributed() -> None:
+    """Destroy the process group a launched job trained in, as torch asks every process to before it exits:
+    without it gloo's worker threads can abort the interpreter's shutdown (SIGABRT, "terminate called without
+    an active exception"; the rank's launcher then fails and its peers wait out torchelastic's exit barrier), and
+    an NCCL rank leaving first can block its peers. Call it once the job's runs succeeded (not after a failure: a
+    rank stopped inside a collective would leave the others waiting here), at the end of a command, not after
+    each ``run`` (``sink_ablation`` runs twice)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> dict:
     job, training = parse_job_args(argv)
-    return run(job, training)
+    summary = run(job, training)
+    end_distributed()
+    return summary
