@@ -12,7 +12,8 @@ same arguments, inside two test-only layers that change nothing the job computes
   and frozen parameters and of what the optimizer holds; the dtypes the first decoder layer computes in during
   training (a forward hook); the full trainable parameters at train begin and end, and the full gradients and
   learning rate of every optimizer step (a step pre-hook), so the test can replay the update in fp32; every
-  weight push of the trainer (server dtype, dtypes sent, the push's own numbers) and, with
+  weight push of the trainer (server dtype, dtypes sent, the push's own numbers) and its order among the batches
+  of rollouts it samples (``timeline``); with
   ``$REHEARSAL_CHECK_SYNC`` = N, ``check_sync`` of the pushed model right after the trainer's N-th push (every
   parameter group perturbed, pushed and seen to land; collective, as the push is).
 """
@@ -49,7 +50,7 @@ class Probe:
     def __init__(self, out: Path):
         from transformers import TrainerCallback
 
-        self.out, self.record = out, {"steps": [], "pushes": [], "forward": None}
+        self.out, self.record = out, {"steps": [], "pushes": [], "timeline": [], "forward": None}
         self.lead = int(os.environ.get("RANK", "0")) == 0
         probe = self
 
@@ -157,10 +158,24 @@ class Probe:
             if self.lead:
                 assert len(http) == before + 1, "a trainer push that did not end in one HTTP push"
                 record["pushes"].append(http[-1])
+                record["timeline"].append(f"push@{self.trainer.state.global_step}")
             if count[0] == check_sync_after:
                 record["sync"] = self.check_sync(backend, model)
 
         pusher.send, pusher.finish, RolloutBackend.push = recording_send, recording_finish, recording_push
+
+    def watch_generations(self) -> None:
+        """Record, beside the pushes, every batch of rollouts the trainer samples (``run_rollouts``)."""
+        from trl_gptoss.rollout import loop
+
+        run_rollouts, record = loop.run_rollouts, self.record
+
+        def recording_run_rollouts(*args, **kwargs):
+            if self.lead:
+                record["timeline"].append(f"sample@{self.trainer.state.global_step}")
+            return run_rollouts(*args, **kwargs)
+
+        loop.run_rollouts = recording_run_rollouts
 
     def check_sync(self, backend, model) -> dict:
         """``check_sync`` of the model just pushed against the trainer's servers. For a trainer that computes in
@@ -193,6 +208,7 @@ def main(argv: list[str]) -> None:
         probe = Probe(Path(os.environ["REHEARSAL_PROBE"]))
         check = os.environ.get("REHEARSAL_CHECK_SYNC")
         probe.watch_pushes(check_sync_after=int(check) if check else None)
+        probe.watch_generations()
         train = GptOssGRPOTrainer.train
 
         def probed_train(trainer, *args, **kwargs):

