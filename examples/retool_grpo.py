@@ -22,7 +22,7 @@ Outputs in ``output_dir``: checkpoints, ``trainer_state.json`` (log history), ``
 (``trl-gptoss plot RUN_DIR ...`` redraws and overlays them), ``README.md`` (model card), ``summary.json``.
 """
 
-from trl_gptoss.scripts.grpo import end_distributed, parse_job_args, run
+from trl_gptoss.scripts.grpo import end_distributed, exit_launched_job, parse_job_args, run
 
 
 def main(argv=None):
@@ -34,3 +34,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+    exit_launched_job()  # skips the interpreter teardown that gloo runs aborted in now and then

@@ -223,3 +223,6 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    from trl_gptoss.scripts.grpo import exit_launched_job
+
+    exit_launched_job()  # as examples/retool_grpo.py's __main__ does
