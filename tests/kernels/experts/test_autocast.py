@@ -18,30 +18,22 @@ from tests.kernels.experts.helpers import (
     forward_and_grads,
     max_rel_diff,
     op_of,
-    random_routing,
-    upstream_experts,
 )
+from tests.kernels.experts.test_sequential_experts import case_inputs
 from trl_gptoss.testing import tiny_gpt_oss
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 WEIGHTS = {"fp32": torch.float32, "bf16": torch.bfloat16}
-# (num_tokens, num_experts, top_k, allowed experts, rows_per_chunk)
-CASES = {
-    "random": (37, 4, 2, None, None),
-    "expert_without_tokens": (29, 4, 2, [0, 1, 3], None),
-    "chunked_rows": (41, 4, 3, None, 5),
-}
+# Cases of test_sequential_experts (same inputs): random routing, an expert without tokens, chunked rows.
+CASES = ["random", "expert_without_tokens", "chunked_rows"]
 
 
-def _inputs(case, seed=0):
-    num_tokens, num_experts, top_k, allowed, rows_per_chunk = CASES[case]
-    reference64 = upstream_experts(num_experts, dtype=torch.float64, seed=seed)
-    hidden64 = torch.randn(num_tokens, 32, generator=torch.Generator().manual_seed(seed + 7), dtype=torch.float64)
-    index, weights64 = random_routing(num_tokens, num_experts, top_k, seed=seed, allowed=allowed)
-    return reference64, hidden64, index, weights64, rows_per_chunk
+def _inputs(case):
+    """``(reference64, hidden64, index, weights64, rows_per_chunk)``: the float64 inputs of ``case``."""
+    return case_inputs(case, torch.float64)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("weights", list(WEIGHTS))
 @pytest.mark.parametrize("autocast", list(AUTOCAST))
 def test_within_stocks_own_error_under_autocast(autocast, weights, case):
