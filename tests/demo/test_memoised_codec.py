@@ -3,9 +3,9 @@
 import random
 import time
 
+from trl_gptoss.data.arithmetic import make_problems
 from trl_gptoss.data.formats import retool_row
 from trl_gptoss.demo.demonstrations import MemoisedCodec, completion_messages, tokenize_demonstration
-from trl_gptoss.demo.task import make_problems
 from trl_gptoss.harmony import harmony_tokenizer, render_conversation
 
 

@@ -14,19 +14,11 @@ from typing import TYPE_CHECKING
 
 from trl_gptoss import rewards
 from trl_gptoss.data import formats
+from trl_gptoss.data.arithmetic import arithmetic_dataset
+from trl_gptoss.data.sources import HubDataset, read_rows
 
 if TYPE_CHECKING:
     from datasets import Dataset
-
-
-@dataclass(frozen=True)
-class HubDataset:
-    """A task's default Hub dataset: ``load_dataset(path, name)``; ``convert`` maps one of its rows to a task
-    row (``None`` drops the row)."""
-
-    path: str
-    name: str | None
-    convert: Callable[[dict], dict | None]
 
 
 @dataclass(frozen=True)
@@ -67,16 +59,16 @@ class Task:
         """The prompts (TRL conversational ``prompt`` column) and the reward's ground-truth column.
 
         Generated tasks draw ``num_prompts`` problems from ``seed``; the others read ``source`` (default
-        ``"sample"``) through ``load_task_dataset``. ``limit`` keeps the first rows in both cases.
+        ``"sample"``; see ``load_task_dataset``). ``limit`` keeps the first rows in both cases.
         """
         if self.generate is not None:
             if source not in (None, "generated"):
                 raise ValueError(f"task {self.name!r} is generated, not read: source must be None, got {source!r}")
             dataset = self.generate(num_prompts, seed)
             return dataset.select(range(min(limit, len(dataset)))) if limit is not None else dataset
-        from trl_gptoss.data.loaders import load_task_dataset
-
-        return load_task_dataset(self.name, source=source or "sample", limit=limit, hub_id=hub_id, path=path)
+        return read_rows(
+            self.name, self.format_row, self.hub, source=source or "sample", limit=limit, hub_id=hub_id, path=path
+        )
 
 
 def _question_answer(make: Callable[[str, str], dict]) -> Callable[[dict], dict]:
@@ -90,17 +82,11 @@ def _verifyif_row(row: dict) -> dict:
     return formats.verifyif_row(formats.field(row, "instruction"), formats.field(row, "constraints"))
 
 
-def _arithmetic(num_prompts: int, seed: int) -> Dataset:
-    from trl_gptoss.demo.task import arithmetic_dataset  # imports `datasets`: only when the task is used
-
-    return arithmetic_dataset(num_prompts, seed=seed)
-
-
 TASKS: dict[str, Task] = {
     task.name: task
     for task in (
         # The CPU demo's synthetic ReTool-style task: exact arithmetic only the python tool gets right.
-        Task("arithmetic", rewards.retool_reward, tools=("python",), generate=_arithmetic),
+        Task("arithmetic", rewards.retool_reward, tools=("python",), generate=arithmetic_dataset),
         # ReTool's RL stage trains on DAPO-Math-17k (integer answers) with a code interpreter.
         Task(
             "retool",

@@ -1,8 +1,7 @@
-"""The CPU embedded default: a tiny GPT-OSS, its task and its warm-start (the GRPO job is
-``trl_gptoss.scripts.grpo``; ``model_name_or_path: embedded`` selects this model).
+"""The CPU embedded default: a tiny GPT-OSS and its warm-start (the GRPO job is ``trl_gptoss.scripts.grpo``;
+``model_name_or_path: embedded`` selects this model). Its task, exact arithmetic that needs the python tool, is
+the ``arithmetic`` row of ``trl_gptoss.data.TASKS`` (``trl_gptoss.data.arithmetic``).
 
-- ``task``: a synthetic ReTool-style task (exact arithmetic that needs the python tool), seeded; the
-  ``arithmetic`` row of ``trl_gptoss.data.TASKS``.
 - ``model``: a tiny GPT-OSS over the real o200k Harmony vocabulary, built offline.
 - ``demonstrations`` / ``warmstart``: Harmony tool-use demonstrations and the supervised warm-start.
 - ``ablation``: the ``sinkless`` attention of the fa2-vs-fa3 ablation (``examples/sink_ablation.py``).

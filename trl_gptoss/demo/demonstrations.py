@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from trl_gptoss.demo.task import ArithmeticProblem
+from trl_gptoss.data.arithmetic import ArithmeticProblem
 from trl_gptoss.harmony import HarmonyCodec, Message, codec_for, render_conversation
 from trl_gptoss.tools import ToolResult
 

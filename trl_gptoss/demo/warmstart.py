@@ -15,13 +15,13 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from trl_gptoss.data.arithmetic import make_problems
 from trl_gptoss.demo.demonstrations import (
     MemoisedCodec,
     TokenizedDemonstration,
     completion_messages,
     tokenize_demonstration,
 )
-from trl_gptoss.demo.task import make_problems
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,10 @@
-"""A synthetic ReTool-style task whose answers need the python tool: the last three digits of a product.
+"""The CPU demo's task, generated: the last three digits of a product, which only the python tool gets right.
 
 Every problem states one Python expression verbatim (``482 * 771 * 510 % 1000``, the last three digits of the
 product of three 3-digit numbers); its answer is that exact value, which the demo model cannot work out in its
 head (a guess is right one time in a thousand) but one ``print(expression)`` in the sandbox does. The rows use
-the same prompt format and ``answer`` column as the shipped ReTool samples (``trl_gptoss.data.formats.retool_row``),
-so ``trl_gptoss.rewards.retool_reward`` scores them unchanged; the task is the ``arithmetic`` row of
-``trl_gptoss.data.TASKS``.
+the same prompt format and ``answer`` column as the shipped ReTool samples (``formats.retool_row``), so
+``trl_gptoss.rewards.retool_reward`` scores them unchanged; the task is the ``arithmetic`` row of ``TASKS``.
 
 Generation is a pure function of the seed (``random.Random(seed)``), so a run is reproducible and the
 training and evaluation splits never overlap (different seeds draw from a space of ~10^9 expressions).
@@ -17,10 +16,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-
-from datasets import Dataset
+from typing import TYPE_CHECKING
 
 from trl_gptoss.data.formats import retool_row
+
+if TYPE_CHECKING:  # `datasets` takes ~1 s to import: only building the Dataset imports it
+    from datasets import Dataset
 
 # ``{expr}`` is repeated verbatim in the question so the answer is one copy of the expression into the tool
 # away. The questions differ only BEFORE the expression, so the distance from each operand in the prompt to its
@@ -62,4 +63,6 @@ def make_problems(n: int, seed: int) -> list[ArithmeticProblem]:
 
 def arithmetic_dataset(n: int, seed: int) -> Dataset:
     """``Dataset`` with TRL's conversational ``prompt`` column and the ReTool ``answer`` column."""
+    from datasets import Dataset
+
     return Dataset.from_list([retool_row(p.question, str(p.answer)) for p in make_problems(n, seed)])
