@@ -6,13 +6,16 @@ import pytest
 
 from tests.rollout.loop_helpers import declared_prompt_ids, final, scripted, user
 from trl_gptoss.harmony import SystemContent, ToolNamespace, codec_for, render_conversation
-from trl_gptoss.harmony.messages import PYTHON_TOOL_DESCRIPTION
 from trl_gptoss.harmony.tokens import END
 from trl_gptoss.rollout.config import RolloutConfig
 from trl_gptoss.rollout.loop import run_rollouts
 from trl_gptoss.testing import harmony_tokenizer
 from trl_gptoss.tools import PythonSandbox, PythonTool, SandboxLimits
-from trl_gptoss.tools.python_tool import NOTEBOOK_FUNCTION_DESCRIPTION, STATELESS_DESCRIPTION
+from trl_gptoss.tools.python_tool import (
+    NOTEBOOK_BUILTIN_DESCRIPTION,
+    NOTEBOOK_FUNCTION_DESCRIPTION,
+    STATELESS_DESCRIPTION,
+)
 
 SETTINGS = [(True, True), (True, False), (False, True), (False, False)]
 SETTING_IDS = ["stateful-builtin", "stateful-function", "stateless-builtin", "stateless-function"]
@@ -60,7 +63,7 @@ def test_the_prompt_describes_the_tool_that_runs(tok, sandbox, stateful, builtin
 
     system, rest = _system_and_developer(tok, r.prompt_ids)
     expected = {
-        (True, True): PYTHON_TOOL_DESCRIPTION,
+        (True, True): NOTEBOOK_BUILTIN_DESCRIPTION,
         (True, False): NOTEBOOK_FUNCTION_DESCRIPTION,
         (False, True): STATELESS_DESCRIPTION,
         (False, False): STATELESS_DESCRIPTION,
@@ -69,7 +72,7 @@ def test_the_prompt_describes_the_tool_that_runs(tok, sandbox, stateful, builtin
     where = system if builtin else rest
     assert all(line in where for line in expected.splitlines() if line), where
     assert ("## python" in system) == builtin and ("type python = " in rest) == (not builtin)
-    others = {PYTHON_TOOL_DESCRIPTION, NOTEBOOK_FUNCTION_DESCRIPTION, STATELESS_DESCRIPTION} - {expected}
+    others = {NOTEBOOK_BUILTIN_DESCRIPTION, NOTEBOOK_FUNCTION_DESCRIPTION, STATELESS_DESCRIPTION} - {expected}
     assert not any(other.splitlines()[0] in tok.decode(r.prompt_ids) for other in others)
     assert ("stateful" in expected) == stateful and ("stateless" in expected) == (not stateful)
 

@@ -5,9 +5,9 @@ import warnings
 
 import pytest
 
-from trl_gptoss.harmony.messages import PYTHON_TOOL_DESCRIPTION
 from trl_gptoss.tools import PythonSandbox, PythonSession, PythonTool, SandboxLimits
 from trl_gptoss.tools.python_session import notebook_program
+from trl_gptoss.tools.python_tool import NOTEBOOK_BUILTIN_DESCRIPTION
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="runs the sandbox")
 
@@ -126,7 +126,7 @@ def test_function_form_body_and_bad_input(tool):
 
 def test_files_on_the_promised_drive_persist_across_cells(tool):
     # The description says /mnt/data persists user files: each call is a fresh sandbox, the replay rebuilds them.
-    assert "/mnt/data" in PYTHON_TOOL_DESCRIPTION
+    assert "/mnt/data" in NOTEBOOK_BUILTIN_DESCRIPTION
     session = PythonSession(tool)
     assert session.run("open('/mnt/data/n.txt', 'w').write('41')").ok
     later = session.run("int(open('/mnt/data/n.txt').read()) + 1")

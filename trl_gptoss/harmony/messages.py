@@ -8,8 +8,9 @@ from dataclasses import dataclass
 DEFAULT_MODEL_IDENTITY = "You are ChatGPT, a large language model trained by OpenAI."
 DEFAULT_CHANNELS = ("analysis", "commentary", "final")
 JSON_CONTENT_TYPE = "<|constrain|>json"
-# The builtin python tool's namespace description, as the model saw it in training (openai-harmony 0.0.8).
-PYTHON_TOOL_DESCRIPTION = (
+# The builtin ``python`` namespace's description, as the model saw it in training (openai-harmony 0.0.8): what
+# ``python_tool=True`` declares. A tool declared as the builtin gives its own text (``trl_gptoss.tools``).
+PYTHON_NAMESPACE_DESCRIPTION = (
     "Use this tool to execute Python code in your chain of thought. The code will not be shown to the user. "
     "This tool should be used for internal reasoning, but not for code that is intended to be visible to the "
     "user (e.g. when creating plots, tables, or files).\n\nWhen you send a message containing Python code to "
@@ -54,7 +55,7 @@ class ToolNamespace:
     tools: tuple[ToolSpec, ...] = ()
 
 
-PYTHON_NAMESPACE = ToolNamespace("python", PYTHON_TOOL_DESCRIPTION)
+PYTHON_NAMESPACE = ToolNamespace("python", PYTHON_NAMESPACE_DESCRIPTION)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from trl_gptoss.harmony.messages import PYTHON_TOOL_DESCRIPTION, SystemContent
+from trl_gptoss.harmony.messages import PYTHON_NAMESPACE_DESCRIPTION, SystemContent
 from trl_gptoss.harmony.tokens import END_OF_TEXT, RETURN, START_OF_TEXT, o200k_special_tokens
 
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
@@ -108,7 +108,7 @@ def harmony_chat_template() -> str:
     template = resources.files("trl_gptoss.harmony").joinpath("harmony_chat_template.jinja").read_text()
     defaults = SystemContent()
     values = {  # JSON literals are valid Jinja literals
-        "__PYTHON_TOOL_DESCRIPTION__": PYTHON_TOOL_DESCRIPTION,
+        "__PYTHON_NAMESPACE_DESCRIPTION__": PYTHON_NAMESPACE_DESCRIPTION,
         "__DEFAULT_MODEL_IDENTITY__": defaults.model_identity,
         "__DEFAULT_REASONING_EFFORT__": defaults.reasoning_effort,
         "__DEFAULT_KNOWLEDGE_CUTOFF__": defaults.knowledge_cutoff,

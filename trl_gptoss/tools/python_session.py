@@ -150,16 +150,18 @@ def _replayable(result: ToolResult, gave_control_back: bool) -> bool:
 class PythonSession:
     """One conversation's python state: ``run(code)`` behaves like executing a new notebook cell.
 
-    ``call(body)`` applies the tool's body rule first (raw code or ``{"code": ...}``). Runs every program
-    through ``PythonTool.run_code``, so the tool's sandbox, limits and isolation apply unchanged. Not
-    thread-safe: a conversation runs one call at a time.
+    ``tool`` is the ``PythonTool`` that made the session (``PythonTool.new_session``): ``call(body)`` applies its
+    body rule first (``code_from_body``: raw code or ``{"code": ...}``), and every program runs through its
+    ``run_code``, so the tool's sandbox, limits and isolation apply unchanged. Not thread-safe: a conversation
+    runs one call at a time.
     """
 
     def __init__(self, tool):
-        from trl_gptoss.tools.python_tool import PythonTool  # python_tool imports this module
-
-        if not isinstance(tool, PythonTool):
-            raise ValueError(f"PythonSession needs a trl_gptoss.tools.PythonTool, got {type(tool).__name__}")
+        if not all(callable(getattr(tool, name, None)) for name in ("run_code", "code_from_body")):
+            raise ValueError(
+                f"PythonSession needs a trl_gptoss.tools.PythonTool (run_code, code_from_body), "
+                f"got {type(tool).__name__}"
+            )
         self.tool = tool
         self.cells: list[str] = []
 

@@ -8,7 +8,8 @@ Two settings decide what the model is told and what runs, together, so the two c
   the function tool ``functions.python``. Calls to either recipient are served either way.
 
 The description follows both: the stateful builtin tool reads exactly the text GPT-OSS was trained with
-(``trl_gptoss.harmony.messages.PYTHON_TOOL_DESCRIPTION``); the stateless tool says it is stateless.
+(``NOTEBOOK_BUILTIN_DESCRIPTION``, Harmony's builtin ``python`` namespace text); the stateless tool says it is
+stateless. The tool owns these texts; the rollout loop hands ``description`` to the Harmony renderer.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from trl_gptoss.harmony.messages import PYTHON_TOOL_DESCRIPTION as NOTEBOOK_BUILTIN_DESCRIPTION
+from trl_gptoss.harmony.messages import PYTHON_NAMESPACE_DESCRIPTION
 from trl_gptoss.tools.base import Tool
 from trl_gptoss.tools.python_session import PythonSession
 from trl_gptoss.tools.result import ToolResult
 from trl_gptoss.tools.sandbox.runner import PythonSandbox
 
+NOTEBOOK_BUILTIN_DESCRIPTION = PYTHON_NAMESPACE_DESCRIPTION  # what GPT-OSS was trained with
 STATELESS_DESCRIPTION = (
     "Use this tool to execute Python code. The code runs in a fresh, stateless sandbox with no network "
     "access and a private temporary directory; nothing persists between calls. Print what you want to see: "
@@ -35,8 +37,6 @@ NOTEBOOK_FUNCTION_DESCRIPTION = (
     "is not None, truncated when long. There is no network access. numpy and sympy are available when "
     "installed on the host."
 )
-# Kept for one release: the name this module used for its (then only, stateless) description.
-PYTHON_TOOL_DESCRIPTION = STATELESS_DESCRIPTION
 
 
 class PythonTool(Tool):
