@@ -1,8 +1,8 @@
 """Jobs behind the console script and the examples (as TRL's ``trl/scripts``).
 
 - ``grpo``: the GRPO job (``examples/retool_grpo.py``, ``trl-gptoss grpo`` / ``demo``): ``main``, ``run``.
-- ``grpo_arguments`` / ``grpo_checks``: ``JobArguments``, ``parse_job_args`` and the checks run before any
-  model loads.
+- ``grpo_arguments`` / ``grpo_parser`` / ``grpo_checks``: ``JobArguments``, ``parse_job_args`` and the checks
+  run before any model loads.
 - ``grpo_summary``: plots, model card and the before/after summary at the end of a run.
 - ``cli_commands``: the ``grpo``, ``demo`` and ``plot`` subcommands of ``trl-gptoss``.
 - ``env``: ``trl-gptoss env``, the installed stack against the ranges trl-gptoss is tested with.

@@ -21,8 +21,9 @@ import threading
 from pathlib import Path
 
 from trl_gptoss.data.tasks import TASKS
-from trl_gptoss.scripts.grpo_arguments import EMBEDDED_MODEL, JobArguments, parse_job_args
+from trl_gptoss.scripts.grpo_arguments import EMBEDDED_MODEL, JobArguments
 from trl_gptoss.scripts.grpo_checks import check_job, is_complete_checkpoint
+from trl_gptoss.scripts.grpo_parser import parse_job_args
 
 __all__ = [
     "EMBEDDED_MODEL",
