@@ -1,10 +1,7 @@
 """The task table: one row per task, each row's loader, reward and tools agree with each other."""
 
-import warnings
-
 import pytest
 
-import trl_gptoss.data as data
 from trl_gptoss.data import TASKS, HubDataset, Task, get_task, load_task_dataset
 from trl_gptoss.rewards import gsm8k_reward, retool_reward, verifyif_reward
 
@@ -51,16 +48,3 @@ def test_a_row_is_either_read_or_generated():
         Task("x", retool_reward)
     with pytest.raises(ValueError, match="a Hub dataset needs format_row"):
         Task("x", retool_reward, generate=lambda n, seed: None, hub=HubDataset("a/b", None, dict))
-
-
-def test_hub_datasets_alias_warns_and_matches_the_table():
-    with pytest.warns(DeprecationWarning, match=r"TASKS\[name\]\.hub"):
-        hub = data.HUB_DATASETS
-    assert hub == {
-        "retool": {"path": "BytedTsinghua-SIA/DAPO-Math-17k", "name": None},
-        "gsm8k": {"path": "openai/gsm8k", "name": "main"},
-        "verifyif": {"path": "google/IFEval", "name": None},
-    }
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert data.TASKS is TASKS

@@ -4,6 +4,8 @@ the recorded one (and, when only unselected logits moved, reproduces its log-pro
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -180,3 +182,10 @@ def test_padded_batch_record_and_replay():
     with torch.no_grad(), boost_unselected_experts(model, first), replay_routing(model, first):
         replayed = token_log_probs(model, input_ids, attention_mask=attention_mask)
     assert torch.equal(replayed, first_log_probs)
+
+
+def test_importing_the_experts_package_leaves_routing_unloaded():
+    """``trl_gptoss.experts`` is imported when transformers loads GPT-OSS (registration): routing is opt-in."""
+    code = "import sys, trl_gptoss.experts; print('trl_gptoss.experts.routing' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.strip() == "False"

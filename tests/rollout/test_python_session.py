@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.rollout.loop_helpers import declared_prompt_ids, final, scripted, user
+from tests.rollout.loop_helpers import final, scripted, user
 from trl_gptoss.harmony import SystemContent, ToolNamespace, codec_for, render_conversation
 from trl_gptoss.harmony.tokens import END
 from trl_gptoss.rollout.config import RolloutConfig
@@ -107,26 +107,6 @@ def test_functions_python_with_a_json_body_shares_the_session(tok, sandbox):
     first, second = [m.text for m in r.messages if m.role == "tool"]
     assert "no output" in first and second == "15"
     assert r.num_tool_errors == 0 and r.final_answer == "15"
-
-
-@pytest.mark.parametrize("stateful, builtin", SETTINGS, ids=SETTING_IDS)
-def test_deprecated_config_overrides_keep_prompt_and_behaviour_together(tok, sandbox, stateful, builtin):
-    """``RolloutConfig.python_stateful/python_builtin`` still work (with a warning) and re-describe the tool."""
-    with pytest.warns(DeprecationWarning) as caught:
-        config = RolloutConfig(python_stateful=stateful, python_builtin=builtin)
-    assert sorted(str(w.message).split(" is deprecated")[0] for w in caught) == [
-        "RolloutConfig.python_builtin",
-        "RolloutConfig.python_stateful",
-    ]
-    running = PythonTool(sandbox, stateful=stateful, builtin=builtin)
-    prompt = user("Twice.")
-    turn = _python_turn if builtin else _function_turn
-    turns = [turn("x = 2"), turn("print(x)"), final("2")]
-    engine = scripted(tok, [(prompt, turns)], tools=[running])  # scripted for the tool these settings give
-    (r,) = run_rollouts(engine, [prompt], tokenizer=tok, tools=[PythonTool(sandbox)], config=config)
-    assert r.prompt_ids == declared_prompt_ids(tok, prompt, [running])
-    second = [m.text for m in r.messages if m.role == "tool"][1]
-    assert (second == "2") == stateful
 
 
 def test_the_builtin_declaration_appends_to_a_custom_system_message(tok, sandbox):

@@ -1,7 +1,6 @@
 """``PythonSession``: the stateful notebook GPT-OSS's builtin python description promises, in the real sandbox."""
 
 import sys
-import warnings
 
 import pytest
 
@@ -131,18 +130,3 @@ def test_files_on_the_promised_drive_persist_across_cells(tool):
     assert session.run("open('/mnt/data/n.txt', 'w').write('41')").ok
     later = session.run("int(open('/mnt/data/n.txt').read()) + 1")
     assert later.ok and later.stdout == "42\n", later.render()
-
-
-def test_old_import_paths_warn_and_still_work(tool):
-    import trl_gptoss.rollout
-    import trl_gptoss.rollout.python_session as old_module
-
-    with pytest.warns(DeprecationWarning, match="moved to trl_gptoss.tools.PythonSession"):
-        assert trl_gptoss.rollout.PythonSession is PythonSession
-    with pytest.warns(DeprecationWarning, match="moved to trl_gptoss.tools.PythonTool.code_from_body"):
-        assert old_module.python_code_from_body(tool, '{"code": "1"}') == "1"
-    with pytest.warns(DeprecationWarning, match="notebook_program"):
-        assert old_module.notebook_program is notebook_program
-    with warnings.catch_warnings(), pytest.raises(AttributeError, match="no attribute 'nothing'"):
-        warnings.simplefilter("error")
-        _ = trl_gptoss.rollout.nothing

@@ -1,6 +1,5 @@
 """Sink attention for transformers: ``attn_implementation="fa3_sink"`` (registered by ``import trl_gptoss``)."""
 
-from trl_gptoss.attention import interface as _interface
 from trl_gptoss.attention.interface import fa3_sink_attention_forward, register_fa3_sink
 from trl_gptoss.attention.layout import (
     PackedLayout,
@@ -25,7 +24,3 @@ __all__ = [
     "register_fa3_sink",
     "span_layout",
 ]
-
-
-def __getattr__(name):
-    return _interface.__getattr__(name)  # FA3_SINK_NAME: deprecated alias of trl_gptoss.FA3_SINK

@@ -8,7 +8,6 @@ for its name; we reuse the flash-attention one, which yields None or a 2-D keep-
 from __future__ import annotations
 
 import logging
-import warnings
 
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface
@@ -27,18 +26,6 @@ from trl_gptoss.attention.layout import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-def __getattr__(name):
-    """``FA3_SINK_NAME``: the old name of ``trl_gptoss.FA3_SINK``, kept for one release."""
-    if name == "FA3_SINK_NAME":
-        warnings.warn(
-            "trl_gptoss.attention.FA3_SINK_NAME is deprecated; use trl_gptoss.FA3_SINK",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return FA3_SINK
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _sinks_for(s_aux, num_heads, device):

@@ -7,8 +7,6 @@ Public names: ``TASKS``, ``Task``, ``HubDataset``, ``get_task``, ``load_task_dat
 ``convert_hub_rows``, ``read_samples``, ``read_jsonl``, ``format_jsonl``, ``describe_constraint``.
 """
 
-import warnings
-
 from trl_gptoss.data.formats import describe_constraint
 from trl_gptoss.data.loaders import (
     convert_hub_rows,
@@ -33,15 +31,3 @@ __all__ = [
     "read_jsonl",
     "read_samples",
 ]
-
-
-def __getattr__(name: str):
-    if name == "HUB_DATASETS":  # deprecated: the Hub dataset is a field of each TASKS row
-        warnings.warn(
-            "trl_gptoss.data.HUB_DATASETS is deprecated and will be removed in the next release; "
-            "read trl_gptoss.data.TASKS[name].hub instead",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return {task: {"path": t.hub.path, "name": t.hub.name} for task, t in TASKS.items() if t.hub is not None}
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,6 +7,5 @@ the ``arithmetic`` row of ``trl_gptoss.data.TASKS`` (``trl_gptoss.data.arithmeti
 - ``ablation``: the ``sinkless`` attention of the fa2-vs-fa3 ablation (``examples/sink_ablation.py``).
 - ``paths``: the packaged YAML of the CPU demo.
 
-``arguments``, ``job``, ``summary`` and ``cli_commands`` are deprecated aliases of ``trl_gptoss.scripts``.
 Nothing here is imported by ``import trl_gptoss``; submodules load what they need lazily.
 """

@@ -31,9 +31,3 @@ __all__ = [
     "push_tensors",
     "run_rollouts",
 ]
-
-
-def __getattr__(name: str):
-    from trl_gptoss.tools.moved import moved_attribute  # tool names that used to live here
-
-    return moved_attribute(__name__, name)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 
 from trl_gptoss.harmony import SystemContent
@@ -55,20 +54,6 @@ class RolloutConfig:
     tool_output_max_chars: int = field(
         default=4000, metadata={"help": "Longest tool output the model sees per call (ToolResult.render)."}
     )
-    python_builtin: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Deprecated: set the python tool's own `builtin=`. None keeps each tool's own setting; True/False "
-            "overrides it for every tool that offers the choice (its description follows)."
-        },
-    )
-    python_stateful: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Deprecated: set the python tool's own `stateful=`. None keeps each tool's own setting; True/False "
-            "overrides it for every tool that offers the choice (its description follows)."
-        },
-    )
     system: SystemContent | None = field(
         default=None, metadata={"help": "System message for conversation prompts (None: Harmony's default)."}
     )
@@ -105,17 +90,6 @@ class RolloutConfig:
                 f"RolloutConfig.tool_output_max_chars must be an int >= 200 (room for a notice), "
                 f"got {self.tool_output_max_chars!r}"
             )
-        for key in ("python_builtin", "python_stateful"):
-            value = getattr(self, key)
-            if value is not None and not isinstance(value, bool):
-                raise ValueError(f"RolloutConfig.{key} must be None, True or False, got {value!r}")
-            if value is not None:
-                warnings.warn(
-                    f"RolloutConfig.{key} is deprecated: a tool owns its settings (trl_gptoss.tools), set "
-                    f"{key.removeprefix('python_')}={value} on the python tool; it goes in the next release",
-                    DeprecationWarning,
-                    stacklevel=3,
-                )
         if self.system is not None and not isinstance(self.system, SystemContent):
             raise ValueError(
                 f"RolloutConfig.system must be a trl_gptoss.harmony.SystemContent or None, "

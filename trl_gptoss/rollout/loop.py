@@ -88,7 +88,7 @@ async def arun_rollouts(
     """The async form of ``run_rollouts``: one task per conversation, all on the running loop."""
     config = config if config is not None else RolloutConfig()
     context = _engine_context(engine)
-    toolset = _toolset(tools, config)
+    toolset = ToolSet(list(tools or ()))
     codec = codec_for(tokenizer)
     prompt_ids = [_prompt_ids(p, i, codec, toolset, config) for i, p in enumerate(prompts)]
     for index, ids in enumerate(prompt_ids):
@@ -111,20 +111,6 @@ async def arun_rollouts(
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
-
-
-def _toolset(tools, config: RolloutConfig) -> ToolSet:
-    """The batch's tools; the deprecated ``config.python_builtin``/``python_stateful`` override each tool's own
-    settings where it offers that choice (``Tool.configured``)."""
-    tools = list(tools or ())
-    if config.python_builtin is not None or config.python_stateful is not None:
-        tools = [
-            t.configured(builtin=config.python_builtin, stateful=config.python_stateful)
-            if hasattr(t, "configured")
-            else t
-            for t in tools
-        ]
-    return ToolSet(tools)
 
 
 def _engine_context(engine) -> int:
