@@ -96,6 +96,7 @@ def test_prepare_refuses_gradient_checkpointing():
         ("temperature", True, "temperature must be a positive finite number"),
         ("chunk_size", 0, "chunk_size must be a positive int or None, got 0"),
         ("chunk_size", 2.5, "chunk_size must be a positive int or None"),
+        ("cast_to_fp32", 1, "cast_to_fp32 must be a bool, got 1"),
     ],
 )
 def test_head_config_names_the_bad_field(field, value, match):

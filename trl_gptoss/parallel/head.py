@@ -1,17 +1,21 @@
-"""Per-token log-probs (and entropies) of one sequence shard through ``gptoss_kernels.selective_logprobs``.
+"""Per-token log-probs (and entropies) through ``gptoss_kernels.selective_logprobs``: the one head of the loss pass.
 
-The sharded loss pass never projects all positions through ``lm_head``: the backbone gives this rank's hidden
-states ``[T/n, H]`` and ``selective_logprobs`` turns the labelled ones into ``log p`` (and ``H``) one
-``[chunk, V]`` tile at a time, recomputing each tile in backward. For token t with hidden ``h_t``, label
-``y_t`` and temperature ``T``::
+Nothing projects all positions through ``lm_head``: the backbone gives hidden states ``[..., H]`` and
+``selective_logprobs`` turns the labelled ones into ``log p`` (and ``H``) one ``[chunk, V]`` tile at a time,
+recomputing each tile in backward. For token t with hidden ``h_t``, label ``y_t`` and temperature ``T``::
 
     z_t = (h_t @ W.T + b) / T,    logp_t = z_t[y_t] - logsumexp(z_t),    H_t = -sum_v p_tv log p_tv
 
-Both halves run as the modules' own forwards (swapped on the bare ``*ForCausalLM`` and on its ``lm_head`` for
-the duration of one call), so every wrapper's hooks run as for any forward: DDP prepares its reducer; FSDP2
-all-gathers the root's parameters and ``lm_head``'s (its own unit under accelerate's preparation) before the
-projection, gathers them again before its backward and reduce-scatters their gradients; PEFT's wrapper passes
-the call through.
+``HeadConfig`` holds (and checks) what the head computes, ``output_head`` the one check of ``lm_head`` and
+``token_values`` the computation. Two callers use them: the sequence-parallel runner on one shard
+(``token_values_forward`` below) and the trainer's loss pass at ``sp_size=1``
+(``trl_gptoss.trainer.logprob_head``, which serves TRL's fused-head contract with them).
+
+In the runner both halves run as the modules' own forwards (swapped on the bare ``*ForCausalLM`` and on its
+``lm_head`` for the duration of one call), so every wrapper's hooks run as for any forward: DDP prepares its
+reducer; FSDP2 all-gathers the root's parameters and ``lm_head``'s (its own unit under accelerate's preparation)
+before the projection, gathers them again before its backward and reduce-scatters their gradients; PEFT's
+wrapper passes the call through.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import types
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from gptoss_kernels import selective_logprobs
 from trl_gptoss.parallel.batching import IGNORE_INDEX
@@ -30,18 +35,20 @@ from trl_gptoss.parallel.batching import IGNORE_INDEX
 
 @dataclass(frozen=True)
 class HeadConfig:
-    """How the runner turns hidden states into per-token values.
+    """How the head turns hidden states into per-token values (for the SP runner and the trainer alike).
 
     ``temperature``: logits are divided by it (TRL's ``temperature``). ``entropy``: also return the entropy of
     the tempered distribution; ``entropy_grad``: the entropies carry gradient (an entropy bonus; implies
     ``entropy``). ``chunk_size``: token rows per ``[chunk, V]`` fp32 tile (None: ``selective_logprobs``'s
-    default, ~256 MiB per tile).
+    default, ~256 MiB per tile). ``cast_to_fp32``: the labelled hidden states, ``lm_head``'s weight and bias
+    enter the op as fp32 (TRL's ``cast_lm_head_to_fp32``); their gradients return in each input's dtype.
     """
 
     temperature: float = 1.0
     entropy: bool = False
     entropy_grad: bool = False
     chunk_size: int | None = None
+    cast_to_fp32: bool = False
 
     def __post_init__(self):
         t = self.temperature
@@ -50,6 +57,8 @@ class HeadConfig:
         size = self.chunk_size
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise ValueError(f"chunk_size must be a positive int or None, got {size!r}")
+        if not isinstance(self.cast_to_fp32, bool):
+            raise ValueError(f"cast_to_fp32 must be a bool, got {self.cast_to_fp32!r}")
         if self.entropy_grad and not self.entropy:
             object.__setattr__(self, "entropy", True)
 
@@ -59,28 +68,48 @@ def bare_causal_lm(module):
     return module.get_base_model() if hasattr(module, "get_base_model") else module
 
 
+def _is_plain_linear(head) -> bool:
+    """An ``nn.Linear`` itself, or one FSDP2 sharded (``fully_shard`` swaps its class for ``FSDPLinear``)."""
+    cls = type(head)
+    return cls is torch.nn.Linear or cls.__bases__ == (FSDPModule, torch.nn.Linear)
+
+
 def output_head(model) -> torch.nn.Linear:
-    """The output projection; refuses heads that are not an ``nn.Linear`` (FSDP2's ``FSDPLinear`` is one; a PEFT
-    adapter on ``lm_head`` is not, and running its base weight alone would silently skip the adapter)."""
+    """The output projection of the bare ``*ForCausalLM``; the one check of ``lm_head`` for every caller of
+    ``token_values``. Refuses anything but a plain ``nn.Linear`` (FSDP2's ``FSDPLinear`` is one): the op
+    projects with the weight and bias alone, so a PEFT adapter on ``lm_head`` (or any subclass adding terms)
+    would be silently left out."""
     head = model.get_output_embeddings()
-    if not isinstance(head, torch.nn.Linear):
+    if not _is_plain_linear(head):
         raise ValueError(
-            f"sequence parallelism reads lm_head's weight directly, but lm_head is a "
-            f"{type(head).__module__}.{type(head).__qualname__}; "
-            "leave lm_head out of the adapter targets (LoRA target_modules, modules_to_save) or use sp_size=1"
+            "selective_logprobs projects with lm_head's weight and bias alone (an adapter's terms would be left "
+            f"out), but lm_head is a {type(head).__module__}.{type(head).__qualname__}; "
+            "leave lm_head out of the adapter targets (LoRA target_modules, modules_to_save) "
+            "or use logprobs_implementation='trl' with sp_size=1"
         )
     return head
 
 
-def token_values(hidden, weight, bias, labels, config: HeadConfig):
-    """``hidden [t, H]``, ``labels [t]`` (-100: none) -> ``(logp [t], entropy [t] | None)``, 0 where ignored.
+def _full(tensor):
+    """An FSDP2 DTensor parameter (e.g. a root-sharded ``lm_head`` read outside its unit's forward) as a plain
+    tensor, gathered differentiably; others unchanged."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
-    Only labelled rows reach ``selective_logprobs``; ``masked_scatter`` keeps an all-ignored shard connected to
-    the graph (a differentiable zero), so every rank of the group runs the same backward collectives.
+
+def token_values(hidden, weight, bias, labels, config: HeadConfig):
+    """``hidden [..., H]``, ``labels [...]`` (-100: none) -> ``(logp [...], entropy [...] | None)``, 0 where
+    ignored; ``weight [V, H]`` and ``bias [V] | None`` are ``lm_head``'s (see ``output_head``).
+
+    Only labelled rows reach ``selective_logprobs``; ``masked_scatter`` keeps an all-ignored shard or
+    micro-batch connected to the graph (a differentiable zero), so every rank runs the same backward collectives.
     """
     keep = labels != IGNORE_INDEX
+    selected, weight, bias = hidden[keep], _full(weight), None if bias is None else _full(bias)
+    if config.cast_to_fp32:
+        selected, weight = selected.float(), weight.float()
+        bias = None if bias is None else bias.float()
     out = selective_logprobs(
-        hidden[keep],
+        selected,
         weight,
         labels[keep],
         bias=bias,

@@ -1,11 +1,13 @@
-"""The loss pass's log-probs through ``gptoss_kernels.selective_logprobs``: no ``[tokens, vocab]`` logits.
+"""TRL's fused log-prob head served by the one head of ``trl_gptoss.parallel.head``: no ``[tokens, vocab]`` logits.
 
 TRL 1.16 patches the policy's ``forward`` so that ``model(..., labels=labels, fused_lm_head=True)`` returns
 per-token log-probs and entropies; its head projects up to 32,768 positions at once, i.e. the whole
 ``[N, 201,088]`` fp32 logits of a GPT-OSS completion (13 GB at 16k tokens). ``add_selective_logprobs_head``
-replaces that patch with the same contract served by ``selective_logprobs``, which keeps one chunk of logits
-at a time and recomputes it in backward. The call still goes through ``model(...)``, so DDP, FSDP2 and PEFT
-wrappers run their hooks as for any forward; only the positions whose label is not -100 are projected.
+replaces that patch with the same contract served by ``token_values`` (``selective_logprobs``, one chunk of
+logits at a time, recomputed in backward), the head the sequence-parallel runner uses too. This module only
+adapts it to TRL's call: label shift, the MoE aux loss and ``FusedCausalLMOutput``. The call still goes through
+``model(...)``, so DDP, FSDP2 and PEFT wrappers run their hooks as for any forward; only the positions whose
+label is not -100 are projected.
 """
 
 from __future__ import annotations
@@ -13,17 +15,12 @@ from __future__ import annotations
 import functools
 import types
 
-import torch
 from trl.trainer.utils import FusedCausalLMOutput
 
-from gptoss_kernels import selective_logprobs
+from trl_gptoss.parallel.batching import IGNORE_INDEX
+from trl_gptoss.parallel.head import HeadConfig, output_head, token_values
 
 LOGPROBS_IMPLEMENTATIONS = ("selective_logprobs", "trl")
-
-
-def _full(tensor):
-    """An FSDP2 DTensor parameter (root-sharded ``lm_head``) as a plain tensor; others unchanged."""
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def _aux_loss(model, backbone_outputs, attention_mask):
@@ -37,14 +34,17 @@ def _aux_loss(model, backbone_outputs, attention_mask):
 
 
 def add_selective_logprobs_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bool = False) -> None:
-    """Serve ``model(..., labels=labels, fused_lm_head=True)`` with ``selective_logprobs`` (log-probs and
-    entropies of the tempered distribution at every position whose next-token label is not -100, 0 elsewhere).
+    """Serve ``model(..., labels=labels, fused_lm_head=True)`` with ``token_values`` (log-probs and entropies of
+    the tempered distribution at every position whose next-token label is not -100, 0 elsewhere; the entropies
+    carry gradient, as TRL's do).
 
     Call on the bare model (under PEFT: ``get_base_model()``) after TRL's own patch; other calls (generation,
-    plain forwards) go to the forward it replaces. Returns nothing; the model is patched in place. A PEFT
-    adapter on ``lm_head`` is refused: the op reads the head's weight, which would silently leave it out.
+    plain forwards) go to the forward it replaces. Returns nothing; the model is patched in place. Refuses what
+    the head refuses, before patching: a bad ``temperature`` (``HeadConfig``) and an ``lm_head`` that is not a
+    plain linear layer, e.g. a PEFT adapter (``output_head``).
     """
-    check_plain_head(model)
+    config = HeadConfig(temperature=temperature, entropy=True, entropy_grad=True, cast_to_fp32=cast_lm_head_to_fp32)
+    output_head(model)
     fallback = model.forward
 
     @functools.wraps(type(model).forward)
@@ -53,26 +53,15 @@ def add_selective_logprobs_head(model, temperature: float = 1.0, cast_lm_head_to
             return fallback(
                 *args, labels=labels, shift_labels=shift_labels, num_items_in_batch=num_items_in_batch, **kw
             )
-        return _selective_forward(self, temperature, cast_lm_head_to_fp32, args, labels, shift_labels, kw)
+        return _selective_forward(self, config, args, labels, shift_labels, kw)
 
     model.forward = types.MethodType(forward, model)
 
 
-def check_plain_head(model) -> None:
-    """``lm_head`` must be a plain linear layer (its ``weight`` is all the projection there is)."""
-    head = model.get_output_embeddings()
-    if hasattr(head, "base_layer") or type(head) is not torch.nn.Linear:
-        raise ValueError(
-            f"logprobs_implementation='selective_logprobs' projects with lm_head's weight, but lm_head is a "
-            f"{type(head).__module__}.{type(head).__name__} (a PEFT adapter?) whose extra terms it would leave out; "
-            "drop lm_head from the adapter's target_modules or set logprobs_implementation='trl'"
-        )
-
-
-def _selective_forward(model, temperature, cast_lm_head_to_fp32, args, labels, shift_labels, kwargs):
-    config = model.config.get_text_config()
+def _selective_forward(model, config: HeadConfig, args, labels, shift_labels, kwargs):
+    text_config = model.config.get_text_config()
     kwargs["use_cache"] = False
-    if getattr(config, "output_router_logits", False):
+    if getattr(text_config, "output_router_logits", False):
         kwargs.setdefault("output_router_logits", True)
     backbone = model.base_model(*args, **kwargs)
     hidden = backbone.last_hidden_state
@@ -81,18 +70,8 @@ def _selective_forward(model, temperature, cast_lm_head_to_fp32, args, labels, s
     else:
         labels = shift_labels
     head = model.get_output_embeddings()
-    weight, bias = _full(head.weight), None if head.bias is None else _full(head.bias)
-    mask = labels != -100
-    selected = hidden[mask]
-    if cast_lm_head_to_fp32:
-        selected, weight = selected.float(), weight.float()
-        bias = None if bias is None else bias.float()
-    log_probs, entropy = selective_logprobs(
-        selected, weight, labels[mask], bias=bias, temperature=temperature, return_entropy=True
-    )
-    # masked_scatter keeps an all-masked micro-batch connected to the graph (a differentiable zero)
-    log_probs = log_probs.new_zeros(mask.shape).masked_scatter(mask, log_probs)
-    entropy = entropy.new_zeros(mask.shape).masked_scatter(mask, entropy)
+    log_probs, entropy = token_values(hidden, head.weight, head.bias, labels, config)
+    mask = labels != IGNORE_INDEX
     aux_loss = _aux_loss(model, backbone, kwargs.get("attention_mask")) if kwargs.get("output_router_logits") else None
     loss = -log_probs.sum() / mask.sum().clamp(min=1)
     return FusedCausalLMOutput(loss=loss, log_probs=log_probs, entropy=entropy, label_mask=mask, aux_loss=aux_loss)
