@@ -174,8 +174,8 @@ def timed_pushes(engine, model, repeats: int, expected: torch.Tensor | None):
     timed pushes, max error)."""
     import torch.distributed as dist
 
-    from trl_gptoss.rollout.push import PushStats
-    from trl_gptoss.rollout.weight_sync_vllm import push_model
+    from trl_gptoss.rollout.weights import push_model
+    from trl_gptoss.rollout.weights.push import PushStats
 
     lead = not dist.is_initialized() or dist.get_rank() == 0
     make = lambda: [engine.pusher()]  # noqa: E731 (called on rank 0 only)

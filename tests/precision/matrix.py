@@ -303,7 +303,7 @@ def _name(dtype) -> str:
 
 def train_one_step(trainer) -> dict:
     """One real ``trainer.train()`` step: the logged losses, which trainable tensors moved, their dtypes after."""
-    from trl_gptoss.rollout.weight_sync import unwrap
+    from trl_gptoss.rollout.weights.names import unwrap
 
     before = {n: full(p).detach().clone() for n, p in unwrap(trainer.model).named_parameters() if p.requires_grad}
     trainer.train()
@@ -318,7 +318,7 @@ def train_one_step(trainer) -> dict:
 def run_cell(cell: Cell, output_dir: str, tokenizer, num_processes: int = 1, prepare=None, describe=None) -> dict:
     """Train ``cell`` one step, then judge its loss pass. ``prepare(accelerator)`` returns the function that
     readies the stock model the way the trainer's model was prepared (FSDP2); ``describe(trainer)``: extra facts."""
-    from trl_gptoss.rollout.weight_sync import unwrap
+    from trl_gptoss.rollout.weights.names import unwrap
 
     trainer = build_trainer(cell, output_dir, tokenizer, num_processes)
     step = train_one_step(trainer)

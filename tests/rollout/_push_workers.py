@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
-from trl_gptoss.rollout.push import PushStats, push_layers
+from trl_gptoss.rollout.weights.push import PushStats, push_layers
 from trl_gptoss.testing import tiny_gpt_oss
 
 LORA_TARGETS = dict(
@@ -110,7 +110,7 @@ class RecordingPusher:
 
 def push_model_rank(rank: int, world: int, fail_at_layer) -> dict:
     """Every rank calls ``push_model`` on its FSDP2 shards; rank 0's pusher may fail mid-push."""
-    from trl_gptoss.rollout.weight_sync_vllm import push_model
+    from trl_gptoss.rollout.weights import push_model
 
     model, reference = build(lora=True)
     model = shard(model)

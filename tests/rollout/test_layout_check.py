@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from trl_gptoss.rollout import TransformersEngine
-from trl_gptoss.rollout.weight_sync import check_layout, grouped_by_layer, unwrap
+from trl_gptoss.rollout.weights.names import check_layout, grouped_by_layer, unwrap
 from trl_gptoss.testing import tiny_gpt_oss
 
 SERVED = {"model.embed_tokens.weight": [64, 32], "model.layers.0.mlp.router.weight": [4, 32]}

@@ -30,11 +30,12 @@ import pytest
 import torch
 from safetensors.torch import load, load_file
 
-from trl_gptoss.rollout.push import pushed_layout
 from trl_gptoss.rollout.vllm_engine import VLLMServerEngine
 from trl_gptoss.rollout.vllm_worker.gptoss_vllm_worker import GptOssWeightSyncExtension, loads_directly
-from trl_gptoss.rollout.weight_sync_nccl import NCCLWeightPusher
-from trl_gptoss.rollout.weight_sync_vllm import HTTPWeightPusher, push_model, weight_pusher_for
+from trl_gptoss.rollout.weights.http_push import HTTPWeightPusher
+from trl_gptoss.rollout.weights.nccl_push import NCCLWeightPusher
+from trl_gptoss.rollout.weights.push import pushed_layout
+from trl_gptoss.rollout.weights.sync import push_model, weight_pusher_for
 from trl_gptoss.testing import tiny_gpt_oss
 
 NONE = type(None)

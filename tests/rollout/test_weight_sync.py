@@ -11,7 +11,7 @@ import torch
 from transformers import GptOssForCausalLM
 
 from trl_gptoss.rollout import GenerationRequest, VLLMServerEngine
-from trl_gptoss.rollout.weight_sync import checkpoint_name
+from trl_gptoss.rollout.weights.names import checkpoint_name
 from trl_gptoss.testing import tiny_gpt_oss
 
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]

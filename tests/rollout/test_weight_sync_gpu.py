@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from trl_gptoss.rollout import VLLMServer, VLLMServerEngine
-from trl_gptoss.rollout.weight_sync_vllm import NCCLWeightPusher
+from trl_gptoss.rollout.weights.nccl_push import NCCLWeightPusher
 from trl_gptoss.testing import save_tiny_checkpoint, tiny_gpt_oss
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.xdist_group("vllm")]

@@ -9,11 +9,11 @@ from a real tiny GPT-OSS through the real ``push_model`` driver. The end-to-end 
 import pytest
 import torch
 
-from trl_gptoss.rollout.push import pushed_layout
 from trl_gptoss.rollout.vllm_engine import VLLMServerError
 from trl_gptoss.rollout.vllm_worker.gptoss_vllm_worker import loads_directly
-from trl_gptoss.rollout.weight_sync_nccl import NCCLTransferError, NCCLWeightPusher
-from trl_gptoss.rollout.weight_sync_vllm import push_model
+from trl_gptoss.rollout.weights import push_model
+from trl_gptoss.rollout.weights.nccl_push import NCCLTransferError, NCCLWeightPusher
+from trl_gptoss.rollout.weights.push import pushed_layout
 from trl_gptoss.testing import tiny_gpt_oss
 
 

@@ -14,7 +14,7 @@ import torch
 
 from tests.trainer._fsdp2_servers_workers import check_sync_rank
 from tests.trainer._fsdp2_workers import train_rank
-from trl_gptoss.rollout.check_sync import GROUPS
+from trl_gptoss.rollout.weights.check_sync import GROUPS
 from trl_gptoss.testing.distributed import launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.distributed, pytest.mark.xdist_group("vllm")]

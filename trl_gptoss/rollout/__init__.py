@@ -2,7 +2,6 @@
 
 from trl_gptoss.rollout.config import RolloutConfig
 from trl_gptoss.rollout.loop import arun_rollouts, run_rollouts
-from trl_gptoss.rollout.push import push_tensors
 from trl_gptoss.rollout.server import VLLMServer
 from trl_gptoss.rollout.transformers_engine import TransformersEngine
 from trl_gptoss.rollout.types import (
@@ -14,6 +13,7 @@ from trl_gptoss.rollout.types import (
     StopReason,
 )
 from trl_gptoss.rollout.vllm_engine import VLLMServerEngine, VLLMServerError
+from trl_gptoss.rollout.weights import push_tensors
 
 __all__ = [
     "FinishReason",

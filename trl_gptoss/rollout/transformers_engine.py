@@ -23,7 +23,8 @@ import torch
 
 from trl_gptoss.rollout.sampling import processed_logprobs, sample_from_logprobs
 from trl_gptoss.rollout.types import Generation, GenerationRequest
-from trl_gptoss.rollout.weight_sync import copy_weights_into, unwrap
+from trl_gptoss.rollout.weights.in_process import copy_weights_into
+from trl_gptoss.rollout.weights.names import unwrap
 
 
 @dataclass

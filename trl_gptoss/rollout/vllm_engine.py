@@ -203,7 +203,7 @@ class VLLMServerEngine:
     def pusher(self):
         """This server's weight pusher (HTTP on CPU, NCCL on GPU), built on first use (it reads the served
         layout and, on GPU, joins the server's transfer group)."""
-        from trl_gptoss.rollout.weight_sync_vllm import weight_pusher_for
+        from trl_gptoss.rollout.weights.sync import weight_pusher_for
 
         if self._weight_sync is None:
             self._weight_sync = weight_pusher_for(self)
@@ -212,7 +212,7 @@ class VLLMServerEngine:
     def push_weights(self, model) -> None:
         """Make the server sample from ``model``'s current parameters (every tensor; see ``weight_sync_vllm``).
         Collective under ``torch.distributed``: every rank calls it, rank 0 sends."""
-        from trl_gptoss.rollout.weight_sync_vllm import push_model
+        from trl_gptoss.rollout.weights import push_model
 
         push_model(lambda: [self.pusher()], model)
 

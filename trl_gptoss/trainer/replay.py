@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from trl_gptoss.experts.routing import RoutingRecord, record_routing, replay_routing
-from trl_gptoss.rollout.weight_sync import unwrap
+from trl_gptoss.rollout.weights.names import unwrap
 
 
 class RoutingReplay:

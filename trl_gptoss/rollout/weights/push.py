@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from trl_gptoss.rollout.weight_sync import checkpoint_name, grouped_by_layer, layer_key, unwrap
+from trl_gptoss.rollout.weights.names import checkpoint_name, grouped_by_layer, layer_key, unwrap
 
 ZERO3_MESSAGE = (
     "DeepSpeed ZeRO-3 partitions parameters in a way the weight push does not gather; pushing them would send "

@@ -1,16 +1,14 @@
-"""Naming and grouping rules of a weight push: checkpoint names, decoder-layer keys, the in-process copy.
+"""Naming and grouping rules of a weight push: checkpoint names, decoder-layer keys, the layout check.
 
-Every pusher reads the model through ``trl_gptoss.rollout.push.push_tensors`` (FSDP2 shards gathered, PEFT
-adapters merged into the gathered copy), so the in-process copy, the CPU HTTP push and the GPU NCCL push
+Every pusher reads the model through ``trl_gptoss.rollout.weights.push.push_tensors`` (FSDP2 shards gathered,
+PEFT adapters merged into the gathered copy), so the in-process copy, the CPU HTTP push and the GPU NCCL push
 agree on names (checkpoint names: ``model.layers.0.self_attn.q_proj.weight``) and on grouping (one decoder
 layer at a time, so no second full copy of a 20B model is ever built).
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 
 import torch
@@ -47,20 +45,6 @@ def layer_key(name: str) -> str:
     return match.group(1) if match else ""
 
 
-@contextlib.contextmanager
-def pushed_tensors(model) -> Iterator[Iterator[tuple[str, torch.Tensor]]]:
-    """Deprecated: use ``trl_gptoss.rollout.push_tensors(model)`` (merges adapters into copies, never into the
-    model; gathers FSDP2 shards). Yields an iterator of ``(checkpoint_name, tensor)`` in this process."""
-    warnings.warn(
-        "trl_gptoss.rollout.weight_sync.pushed_tensors is deprecated; use trl_gptoss.rollout.push_tensors",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    from trl_gptoss.rollout.push import push_tensors
-
-    yield push_tensors(model, to_rank=None)
-
-
 def grouped_by_layer(
     named: Iterable[tuple[str, torch.Tensor]], key: Callable[[str], str] = layer_key
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
@@ -91,19 +75,3 @@ def check_layout(pushed: dict[str, list[int]], served: dict[str, list[int]], whe
         raise ValueError(
             f"weight push: {where} serves {missing[0]!r} which the pushed model lacks ({len(missing)} missing)"
         )
-
-
-def copy_weights_into(target: torch.nn.Module, source) -> None:
-    """Copy ``source``'s weights (``push_tensors``: adapters merged, shards gathered) into ``target`` (same
-    architecture, every process its own copy); names and shapes must match, checked before anything is copied.
-    Collective when ``source`` is sharded: every rank calls it."""
-    from trl_gptoss.rollout.push import push_layers, pushed_layout
-
-    params = dict(unwrap(target).named_parameters())
-    served = {name: list(param.shape) for name, param in params.items()}
-    check_layout(pushed_layout(source), served, "the in-process engine")
-    with torch.no_grad():
-        for layer in push_layers(source, to_rank=None):
-            for name, tensor in layer:
-                params[name].copy_(tensor)
-            del layer

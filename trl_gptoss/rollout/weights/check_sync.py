@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from trl_gptoss.rollout.weight_sync import checkpoint_name, unwrap
+from trl_gptoss.rollout.weights.names import checkpoint_name, unwrap
+from trl_gptoss.rollout.weights.sync import push_model
 
 GROUPS = ("embeddings", "attention", "sinks", "router", "experts", "norms", "lm_head")
 BLIND_FACTOR = 10.0  # a perturbation must move the log-probs this many tolerances for the check to see it
@@ -329,8 +330,6 @@ def _judge_group(engines, all_scores, expected, base, baseline, report) -> list[
 
 def default_push(engines) -> Callable:
     """Push to every engine the way training does: one ``push_model`` (one gather) feeding one pusher each."""
-    from trl_gptoss.rollout.weight_sync_vllm import push_model
-
     return lambda model: push_model(lambda: [e.pusher() for e in engines], model)
 
 

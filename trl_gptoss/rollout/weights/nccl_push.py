@@ -1,6 +1,6 @@
 """GPU weight push through vLLM's NCCL weight-transfer engine (``--weight-transfer-config {"backend":"nccl"}``).
 
-One push (driven by ``weight_sync_vllm.push_model``): ``/pause?mode=wait`` (requests in flight finish first),
+One push (driven by ``sync.push_model``): ``/pause?mode=wait`` (requests in flight finish first),
 ``/start_weight_update`` once, one ``/update_weights`` + packed broadcast per layer for what vLLM's reload
 applies, ``/finish_weight_update`` once (one reload session, so vLLM parks and re-materialises the model
 once, not once per layer), then one ``gptoss_receive_direct_nccl`` + broadcast per layer for the sinks and
@@ -22,8 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from trl_gptoss.rollout.weight_sync import check_layout
-from trl_gptoss.rollout.weight_sync_vllm import collective_rpc, reset_prefix_cache
+from trl_gptoss.rollout.weights.names import check_layout
+from trl_gptoss.rollout.weights.server_calls import collective_rpc, reset_prefix_cache
 
 COUPLED_TIMEOUT = 600.0  # seconds a coupled server call may take after its broadcast was sent
 # The packing both ends must agree on, sent in the init info rather than left to each side's vLLM default (the

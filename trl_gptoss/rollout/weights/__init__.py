@@ -1,0 +1,13 @@
+"""Weights: the trainer's parameters into the rollout engines, and the proof that they landed.
+
+``push_tensors(model)`` (``push``), on every rank, yields ``(checkpoint_name, full_tensor)`` one decoder layer at
+a time on the pushing rank (FSDP2 gathered, PEFT merged into the copy), named and grouped by ``names``;
+``push_model`` (``sync``) feeds the HTTP (CPU, ``http_push``) or NCCL (GPU, ``nccl_push``) pushers of vLLM
+servers, ``copy_weights_into`` (``in_process``) the in-process engine; ``check_sync.check_sync`` proves every
+parameter group landed.
+"""
+
+from trl_gptoss.rollout.weights.push import push_tensors
+from trl_gptoss.rollout.weights.sync import push_model
+
+__all__ = ["push_model", "push_tensors"]
