@@ -74,7 +74,7 @@ class Probe:
             save_file({k: v.float().contiguous() for k, v in tensors.items()}, str(self.out / f"{name}.safetensors"))
 
     def begin(self, trainer) -> None:
-        from trl_gptoss.rollout.push import pushed_layout
+        from trl_gptoss.rollout.weights.push import pushed_layout
 
         accelerator, model = trainer.accelerator, trainer.model
         plugin = getattr(accelerator.state, "fsdp_plugin", None)
@@ -129,14 +129,17 @@ class Probe:
             (self.out / "probe.json").write_text(json.dumps(self.record, indent=1, default=str))
 
     def watch_pushes(self, check_sync_after: int | None) -> None:
-        """Record every push the trainer makes (``RolloutBackend.push``, every rank; rank 0 sends over HTTP): the
-        server's dtype, the dtypes sent and the push's own numbers; after its ``check_sync_after``-th push, run
-        ``check_sync`` of the pushed model (collective, as the push is)."""
-        from trl_gptoss.rollout import weight_sync_vllm
-        from trl_gptoss.trainer.rollouts import RolloutBackend
+        """Record every push the trainer makes (its engine's ``push_weights``, every rank; rank 0 sends over HTTP):
+        the server's dtype, the dtypes sent and the push's own numbers; after its ``check_sync_after``-th push,
+        run ``check_sync`` of the pushed model (collective, as the push is). The engine is observed the way a new
+        engine kind is added: a row of ``ENGINE_KINDS`` whose build wraps the shipped one."""
+        import dataclasses
 
-        pusher, record = weight_sync_vllm.HTTPWeightPusher, self.record
-        send, finish, push = pusher.send, pusher.finish, RolloutBackend.push
+        from trl_gptoss.rollout.weights import http_push
+        from trl_gptoss.trainer.sampling import ENGINE_KINDS
+
+        pusher, record, kind = http_push.HTTPWeightPusher, self.record, ENGINE_KINDS["vllm_server"]
+        send, finish = pusher.send, pusher.finish
         http: list[dict] = []  # every finished HTTP push (check_sync's included)
         count = [0]  # the trainer's pushes, on every rank
         sent: set[str] = set()  # dtypes of the tensors the push in progress sent
@@ -151,41 +154,50 @@ class Probe:
             sent.clear()
             http.append({"server_dtype": str(self.dtype).removeprefix("torch."), "sent": dtypes, **self.last_push})
 
-        def recording_push(backend, model) -> None:
-            before = len(http)
-            push(backend, model)
-            count[0] += 1
-            if self.lead:
-                assert len(http) == before + 1, "a trainer push that did not end in one HTTP push"
-                record["pushes"].append(http[-1])
-                record["timeline"].append(f"push@{self.trainer.state.global_step}")
-            if count[0] == check_sync_after:
-                record["sync"] = self.check_sync(backend, model)
+        def observed_build(args, model, tokenizer):
+            built = kind.build(args, model, tokenizer)
+            engine, push = built.engine, built.engine.push_weights
 
-        pusher.send, pusher.finish, RolloutBackend.push = recording_send, recording_finish, recording_push
+            def recording_push(model) -> None:
+                before = len(http)
+                push(model)
+                count[0] += 1
+                if self.lead:
+                    assert len(http) == before + 1, "a trainer push that did not end in one HTTP push"
+                    record["pushes"].append(http[-1])
+                    record["timeline"].append(f"push@{self.trainer.state.global_step}")
+                if count[0] == check_sync_after:
+                    record["sync"] = self.check_sync(engine, model)
+
+            engine.push_weights = recording_push
+            return built
+
+        pusher.send, pusher.finish = recording_send, recording_finish
+        ENGINE_KINDS["vllm_server"] = dataclasses.replace(kind, build=observed_build)
 
     def watch_generations(self) -> None:
-        """Record, beside the pushes, every batch of rollouts the trainer samples (``run_rollouts``)."""
-        from trl_gptoss.rollout import loop
+        """Record, beside the pushes, every batch of rollouts the trainer samples (the ``Sampler``'s
+        ``arun_rollouts``, called once the batch's weights are pushed)."""
+        from trl_gptoss.trainer.sampling import sampler
 
-        run_rollouts, record = loop.run_rollouts, self.record
+        arun_rollouts, record = sampler.arun_rollouts, self.record
 
-        def recording_run_rollouts(*args, **kwargs):
+        def recording_arun_rollouts(*args, **kwargs):
             if self.lead:
                 record["timeline"].append(f"sample@{self.trainer.state.global_step}")
-            return run_rollouts(*args, **kwargs)
+            return arun_rollouts(*args, **kwargs)
 
-        loop.run_rollouts = recording_run_rollouts
+        sampler.arun_rollouts = recording_arun_rollouts
 
-    def check_sync(self, backend, model) -> dict:
+    def check_sync(self, engine, model) -> dict:
         """``check_sync`` of the model just pushed against the trainer's servers. For a trainer that computes in
         bf16 against an fp32 server the absolute log-probs differ by ~0.1, so a group passes when the server
         reproduces the perturbation's effect (``moved`` within 1 +- 0.2; a stale group reads ~0). The trainer's
         bf16 noise shrinks ``moved`` of a group whose effect is small (sinks: 0.78 at scale 0.2), so the
         perturbation is 0.5 x RMS."""
-        from trl_gptoss.rollout.check_sync import check_sync, random_prompts
+        from trl_gptoss.rollout.weights.check_sync import check_sync, random_prompts
 
-        engines = getattr(backend.engine, "engines", [backend.engine])
+        engines = getattr(engine, "engines", [engine])
         vocab = model.config.vocab_size  # o200k's special tokens (Harmony's controls) are its ids >= 199998
         prompts = random_prompts(vocab, 3, 24, seed=1, exclude=range(199998, vocab))
         training = model.training

@@ -12,7 +12,7 @@ from trl_gptoss.rollout.loop import run_rollouts
 from trl_gptoss.rollout.multi_server import MultiServerEngine, PrefixRouter, server_urls
 from trl_gptoss.rollout.server import free_port
 from trl_gptoss.testing import harmony_tokenizer
-from trl_gptoss.trainer.rollouts import check_server
+from trl_gptoss.trainer.sampling.servers import check_server
 
 
 def test_router_keeps_a_conversation_on_its_server_and_spreads_new_ones():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trl_gptoss.rollout import push_tensors
-from trl_gptoss.rollout.push import PushStats, push_layers, pushed_layout
+from trl_gptoss.rollout.weights.push import PushStats, push_layers, pushed_layout
 from trl_gptoss.testing import tiny_gpt_oss
 
 from ._push_workers import LORA_TARGETS, build, push_rank
@@ -102,7 +102,7 @@ def test_fsdp2_push_gathers_exact_full_tensors_on_rank0_only(tmp_path, lora):
 def test_server_checkpoint_is_a_merged_copy_and_the_adapters_keep_training(tmp_path):
     from transformers import GptOssForCausalLM
 
-    from trl_gptoss.trainer.rollouts import save_merged_checkpoint
+    from trl_gptoss.trainer.sampling.servers import save_merged_checkpoint
 
     model = lora_model()
     lora = [n for n, p in model.named_parameters() if "lora_" in n and p.requires_grad]
@@ -123,14 +123,14 @@ def test_backend_started_for_a_lora_model_serves_the_merged_copy_and_adapters_st
     from types import SimpleNamespace
 
     from trl_gptoss.testing import harmony_tokenizer
-    from trl_gptoss.trainer.rollouts import RolloutBackend
+    from trl_gptoss.trainer.sampling import ENGINE_KINDS
 
     model = lora_model()
     lora = [n for n, p in model.named_parameters() if "lora_" in n and p.requires_grad]
     args = SimpleNamespace(
         rollout_backend="vllm_server", rollout_server_url=None, rollout_max_model_len=256, rollout_server_timeout=900
     )
-    backend = RolloutBackend(args, model, harmony_tokenizer())
+    backend = ENGINE_KINDS["vllm_server"].build(args, model, harmony_tokenizer())
     try:
         sequence = [5, 40, 41, 42, 7, 300, 301, 17, 99, 100]
         with torch.no_grad():
@@ -138,13 +138,14 @@ def test_backend_started_for_a_lora_model_serves_the_merged_copy_and_adapters_st
         expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(sequence[1:])[:, None]).squeeze(1)
         served = torch.tensor(backend.engine.score(sequence), dtype=torch.float64)
         assert (served - expected).abs().max() <= 1e-4  # the server started from the merged copy
-        backend.push(model)
+        backend.engine.push_weights(model)
         assert [n for n, p in model.named_parameters() if "lora_" in n and p.requires_grad] == lora
         ids = torch.tensor([sequence])
         model(input_ids=ids, labels=ids).loss.backward()
         assert all(model.get_parameter(n).grad is not None for n in lora) and len(lora) == 24
     finally:
-        backend.close()
+        backend.engine.close()
+        backend.release()
 
 
 @pytest.mark.distributed

@@ -11,7 +11,7 @@ PROMPT_COUNT, PROMPT_LEN = 3, 24
 
 
 def check_prompts(vocab: int) -> list[list[int]]:
-    from trl_gptoss.rollout.check_sync import random_prompts
+    from trl_gptoss.rollout.weights.check_sync import random_prompts
 
     return random_prompts(vocab, PROMPT_COUNT, PROMPT_LEN, seed=1, exclude=range(9))  # 0-8: Harmony controls
 
@@ -38,9 +38,9 @@ def check_sync_rank(rank: int, world: int, checkpoint: str, urls: list[str], ski
 
     from tests.rollout.stale_pushers import SkipSinks
     from trl_gptoss import FA3_SINK
-    from trl_gptoss.rollout.check_sync import check_sync
     from trl_gptoss.rollout.vllm_engine import VLLMServerEngine
-    from trl_gptoss.rollout.weight_sync_vllm import push_model
+    from trl_gptoss.rollout.weights import push_model
+    from trl_gptoss.rollout.weights.check_sync import check_sync
 
     model = GptOssForCausalLM.from_pretrained(checkpoint, dtype=torch.float32, attn_implementation=FA3_SINK)
     model = _shard(model.eval())
@@ -65,16 +65,16 @@ def check_sync_rank(rank: int, world: int, checkpoint: str, urls: list[str], ski
 
 
 def check_after_every_push(trainer, reports: list) -> None:
-    """Wrap ``trainer.rollout_backend.push`` so that every push is followed by ``check_sync`` of the trained
-    (sharded) model against every server of the trainer's engine; the reports go to ``reports``."""
-    from trl_gptoss.rollout.check_sync import check_sync
+    """Wrap the push of the trainer's engine so that every push is followed by ``check_sync`` of the trained
+    (sharded) model against every server of the engine; the reports go to ``reports``."""
+    from trl_gptoss.rollout.weights.check_sync import check_sync
 
-    backend = trainer.rollout_backend
-    push = backend.push
+    engine = trainer.sampler.engine
+    push = engine.push_weights
 
     def push_and_check(model) -> None:
         push(model)
-        engines = getattr(backend.engine, "engines", [backend.engine])
+        engines = getattr(engine, "engines", [engine])
         training = model.training
         model.eval()
         try:
@@ -83,4 +83,4 @@ def check_after_every_push(trainer, reports: list) -> None:
             model.train(training)
         reports.append(report.to_dict())
 
-    backend.push = push_and_check
+    engine.push_weights = push_and_check

@@ -45,21 +45,22 @@ def _split_like_ranks(trainer, per_rank_rows: int) -> None:
     from trl_gptoss.rollout.loop import run_rollouts
     from trl_gptoss.trainer.checks import as_conversation
     from trl_gptoss.trainer.rollouts import rollout_config, rollouts_to_trl
+    from trl_gptoss.trainer.sampling import SampledBatch
 
     def rollout(prompts, trainer_):
-        trainer._push_weights_if_stale()
+        trainer.sampler.push(trainer.state.global_step)
         rollouts = []
         for rank in range(WORLD):
-            config = rollout_config(trainer.args, trainer.state.global_step, rank, system=trainer.rollout_system)
+            config = rollout_config(trainer.args, trainer.state.global_step, rank, system=trainer.sampler.system)
             part = prompts[rank * per_rank_rows : (rank + 1) * per_rank_rows]
             rollouts += run_rollouts(
-                trainer.rollout_backend.engine,
+                trainer.sampler.engine,
                 [as_conversation(p) for p in part],
                 tokenizer=trainer._tokenizer,
-                tools=trainer.rollout_tools,
+                tools=trainer.sampler.tools,
                 config=config,
             )
-        trainer.last_rollouts = rollouts
+        trainer.sampler.last = SampledBatch(rollouts, trainer.state.global_step, 0.0)
         return rollouts_to_trl(rollouts)
 
     trainer.rollout_func = rollout
@@ -125,7 +126,7 @@ def train_rank(rank: int, world: int, layout: str, state_path: str, output_dir: 
 
     def recording(prompts_, trainer_):
         output = rollout_func(prompts_, trainer_)
-        sampled.append([[r.completion_ids, r.num_tool_calls] for r in trainer.last_rollouts])
+        sampled.append([[r.completion_ids, r.num_tool_calls] for r in trainer.sampler.last.rollouts])
         return output
 
     trainer.rollout_func = recording

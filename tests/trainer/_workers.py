@@ -53,11 +53,11 @@ def server_mode_rank(
 
     def counting(prompts, trainer_):
         output = run(prompts, trainer_)
-        calls.append([r.num_tool_calls for r in trainer.last_rollouts])
+        calls.append([r.num_tool_calls for r in trainer.sampler.last.rollouts])
         return output
 
     trainer.rollout_func = counting
-    requests, pushes = time_engine(trainer.rollout_backend.engine)
+    requests, pushes = time_engine(trainer.sampler.engine)
     trainer.train()
     trainer.close()
     return {
@@ -170,4 +170,4 @@ def sp_rank(rank: int, world: int, sp_size: int, output_dir: str) -> dict:
     )
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    return {"loss": losses, "grads": grads, "completions": [r.completion_ids for r in trainer.last_rollouts]}
+    return {"loss": losses, "grads": grads, "completions": [r.completion_ids for r in trainer.sampler.last.rollouts]}

@@ -396,7 +396,7 @@ def test_plain_text_prompts_are_one_user_message(tokenizer, tmp_path):
     trainer = _trainer_on(tokenizer, tmp_path, rows, reward=text_reward, max_steps=1, max_completion_length=8)
     trainer.train()
     assert seen and all(isinstance(p, str) and isinstance(c, str) for p, c in seen)  # TRL's standard format
-    first = trainer.last_rollouts[0]
+    first = trainer.sampler.last.rollouts[0]
     user_turn = tokenizer.decode(first.prompt_ids)
     assert "<|start|>user<|message|>Say four.<|end|>" in user_turn or "Add two and two." in user_turn
 

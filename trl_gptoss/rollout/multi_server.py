@@ -95,14 +95,17 @@ def server_urls(urls) -> list[str]:
 class MultiServerEngine:
     """``RolloutEngine`` over several vLLM servers serving the same model (see the module docstring).
 
-    ``urls``: the servers' base URLs (a list, or one comma-separated string); ``model`` and ``engine_kwargs``
-    go to each ``VLLMServerEngine``. A server that does not answer at construction is an error naming it.
+    ``urls``: the servers' base URLs, a list as ``server_urls`` normalised it (the config does, once); ``model``
+    and ``engine_kwargs`` go to each ``VLLMServerEngine``. A server that does not answer at construction is an
+    error naming it.
     """
 
-    def __init__(self, urls, model: str | None = None, **engine_kwargs):
+    def __init__(self, urls: list[str], model: str | None = None, **engine_kwargs):
+        if isinstance(urls, str) or len(set(urls)) != len(urls):
+            raise ValueError(f"MultiServerEngine takes a list of distinct URLs (see server_urls), got {urls!r}")
         self.engines: list[VLLMServerEngine] = []
         try:
-            for url in server_urls(urls):
+            for url in urls:
                 try:
                     self.engines.append(VLLMServerEngine(url, model, **engine_kwargs))
                 except (VLLMServerError, ValueError) as exc:
@@ -146,7 +149,7 @@ class MultiServerEngine:
 
     def push_weights(self, model) -> None:
         """Push ``model`` to every server (collective: every rank calls it, rank 0 sends), each verified."""
-        from trl_gptoss.rollout.weight_sync_vllm import push_model
+        from trl_gptoss.rollout.weights import push_model
 
         push_model(lambda: [e.pusher() for e in self.engines], model)
         self.router.forget()

@@ -6,6 +6,8 @@ import functools
 import inspect
 import math
 
+from trl_gptoss.trainer.rollouts import ROLLOUT_COLUMNS
+
 _TRL_REWARD_ARGS = {
     "prompts",
     "completions",
@@ -167,3 +169,14 @@ def check_world(num_processes: int, environ=None) -> None:
             "train its own copy without synchronising. On a CPU host set use_cpu=True (accelerate launch --cpu "
             "runs machines apart: use the FSDP/multi-GPU config on GPUs), or launch a single process"
         )
+
+
+def checked_rewards(reward_funcs, train_dataset) -> list | None:
+    """The trainer's reward functions as a list, each wrapped by ``checked_reward``, after checking that the
+    dataset has every column they take beyond what rollouts supply."""
+    if reward_funcs is None:
+        return None
+    reward_funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
+    required = {c for f in reward_funcs for c in required_reward_columns(f)} - set(ROLLOUT_COLUMNS)
+    check_dataset(train_dataset, sorted(required))
+    return [checked_reward(f) for f in reward_funcs]

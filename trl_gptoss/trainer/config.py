@@ -25,8 +25,9 @@ from trl_gptoss.trainer.correction import (
 )
 from trl_gptoss.trainer.logprob_head import LOGPROBS_IMPLEMENTATIONS
 from trl_gptoss.trainer.refused import refused_parent_fields
+from trl_gptoss.trainer.sampling.engines import ENGINE_KINDS
 
-ROLLOUT_BACKENDS = ("vllm_server", "transformers")
+ROLLOUT_BACKENDS = tuple(ENGINE_KINDS)  # the kinds shipped; a kind registered later is accepted as well
 
 
 class _UnsetZero(float):
@@ -233,14 +234,15 @@ class GptOssGRPOConfig(GRPOConfig):
 
         import trl_gptoss  # noqa: F401  (registers fa3_sink and gptoss_sequential before the names are checked)
 
-        check.one_of("rollout_backend", self.rollout_backend, ROLLOUT_BACKENDS)
+        check.one_of("rollout_backend", self.rollout_backend, tuple(ENGINE_KINDS))
+        kind = ENGINE_KINDS[self.rollout_backend]
         if self.rollout_server_url is not None:
             from trl_gptoss.rollout.multi_server import server_urls
 
-            if self.rollout_backend == "transformers":
+            if not kind.needs_server:
                 raise ValueError(
-                    "rollout_server_url is set but rollout_backend='transformers' generates in-process; "
-                    "use rollout_backend='vllm_server' or drop the URL"
+                    f"rollout_server_url is set but rollout_backend={self.rollout_backend!r} samples in-process, "
+                    "without a server; use rollout_backend='vllm_server' or drop the URL"
                 )
             if not self.rollout_server_url:
                 raise ValueError("rollout_server_url is an empty list; give at least one URL or null to start one")
@@ -258,11 +260,10 @@ class GptOssGRPOConfig(GRPOConfig):
                 f"max_staleness={self.max_staleness} is not supported yet; use 0 (on-policy) or 1 (generation of "
                 "the next batch overlaps this step's training)"
             )
-        if self.max_staleness and self.rollout_backend == "transformers":
+        if self.max_staleness and not kind.may_overlap:
             raise ValueError(
-                "max_staleness=1 overlaps generation on a rollout server with training, but rollout_backend="
-                "'transformers' samples in-process with the model being trained; set rollout_backend='vllm_server' "
-                "or max_staleness=0"
+                f"max_staleness=1 overlaps generation with training, but rollout_backend={self.rollout_backend!r} "
+                "samples with the model being trained; set rollout_backend='vllm_server' or max_staleness=0"
             )
         check.registered("attn_implementation", self.attn_implementation, ALL_ATTENTION_FUNCTIONS)
         check.registered("experts_implementation", self.experts_implementation, ALL_EXPERTS_FUNCTIONS)

@@ -19,6 +19,7 @@ from trl.trainer.utils import FusedCausalLMOutput
 
 from trl_gptoss.parallel.batching import IGNORE_INDEX
 from trl_gptoss.parallel.head import HeadConfig, output_head, token_values
+from trl_gptoss.rollout.weights.names import unwrap
 
 LOGPROBS_IMPLEMENTATIONS = ("selective_logprobs", "trl")
 
@@ -31,6 +32,14 @@ def _aux_loss(model, backbone_outputs, attention_mask):
     return load_balancing_loss_func(
         backbone_outputs.router_logits, config.num_local_experts, config.num_experts_per_tok, attention_mask
     )
+
+
+def replace_fused_heads(models, temperature: float, cast_lm_head_to_fp32: bool) -> None:
+    """``add_selective_logprobs_head`` on the bare model of each of ``models`` that is not None (the policy, the
+    reference model): TRL's fused head was added to the bare model, ours replaces it there."""
+    for model in models:
+        if model is not None:
+            add_selective_logprobs_head(unwrap(model, peft=True), temperature, cast_lm_head_to_fp32)
 
 
 def add_selective_logprobs_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bool = False) -> None:

@@ -4,7 +4,35 @@ works (a Harmony chat through ``fa3_sink``), and the training curves."""
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
+
+CITATION = textwrap.dedent("""\
+    @article{shao2024deepseekmath,
+        title   = {{DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models}},
+        author  = {Zhihong Shao and Peiyi Wang and Qihao Zhu and Runxin Xu and Junxiao Song and others},
+        year    = 2024,
+        eprint  = {arXiv:2402.03300},
+    }
+    @article{feng2025retool,
+        title   = {{ReTool: Reinforcement Learning for Strategic Tool Use in LLMs}},
+        author  = {Jiazhan Feng and Shijue Huang and Xingwei Qu and Ge Zhang and Yujia Qin and others},
+        year    = 2025,
+        eprint  = {arXiv:2504.11536},
+    }
+    @article{xiao2024attentionsinks,
+        title   = {{Efficient Streaming Language Models with Attention Sinks}},
+        author  = {Guangxuan Xiao and Yuandong Tian and Beidi Chen and Song Han and Mike Lewis},
+        year    = 2024,
+        eprint  = {arXiv:2309.17453},
+    }""")
+
+# TRL's model card cites the trainer's ``_paper``: GRPO's, with ReTool and attention sinks beside it.
+PAPER = {
+    "title": "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models",
+    "id": "2402.03300",
+    "citation": CITATION,
+}
 
 QUICK_START = """```python
 import trl_gptoss  # registers the fa3_sink attention (exact attention sinks)

@@ -6,6 +6,7 @@ The implementations are applied to the policy only: TRL also loads reward models
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from transformers import AutoConfig
@@ -37,6 +38,20 @@ def switch_implementations(model, args: GptOssGRPOConfig) -> None:
         model.set_attn_implementation(args.attn_implementation)
     if getattr(model.config, "_experts_implementation", None) != args.experts_implementation:
         model.set_experts_implementation(args.experts_implementation)
+
+
+@contextlib.contextmanager
+def model_init_warning_dropped():
+    """Around ``GRPOTrainer.__init__``: without TRL's warning that ``model_init_kwargs`` are ignored."""
+    from trl import GRPOTrainer
+
+    trl_logger = logging.getLogger(GRPOTrainer.__module__)
+    quiet = DropLoadedModelWarning()
+    trl_logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        trl_logger.removeFilter(quiet)
 
 
 class DropLoadedModelWarning(logging.Filter):

@@ -41,7 +41,12 @@ def sequence_parallel_head(args) -> HeadConfig:
     """The runner's per-token values for TRL's loss: log-probs and entropies of ``softmax(logits /
     temperature)``; the entropies carry gradient only when the entropy bonus is on (``entropy_coef != 0``),
     else they feed the ``entropy`` metric alone and their backward term is skipped."""
-    return HeadConfig(temperature=args.temperature, entropy=True, entropy_grad=args.entropy_coef != 0)
+    return HeadConfig(
+        temperature=args.temperature,
+        entropy=True,
+        entropy_grad=args.entropy_coef != 0,
+        cast_to_fp32=args.cast_lm_head_to_fp32,
+    )
 
 
 class SequenceParallelLoss:
@@ -67,24 +72,3 @@ class SequenceParallelLoss:
 
         result = self.runner.forward_backward(input_ids, attention_mask, loss_fn)
         return result.loss.detach().clone().requires_grad_(True)
-
-
-class LocalCollectives:
-    """An accelerator whose metric collectives (gather, reduce) act on this process only: the trainer uses it
-    while only the owner rank of an SP micro-batch computes its loss."""
-
-    def __init__(self, accelerator):
-        self._accelerator = accelerator
-
-    def __getattr__(self, name):
-        return getattr(self._accelerator, name)
-
-    @staticmethod
-    def gather(tensor):
-        return tensor if tensor.dim() else tensor[None]
-
-    gather_for_metrics = gather
-
-    @staticmethod
-    def reduce(tensor, reduction="sum", scale=1.0):
-        return tensor * scale

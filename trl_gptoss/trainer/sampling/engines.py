@@ -1,0 +1,61 @@
+"""The engine kinds a trainer samples from: one table, one row per kind (``rollout_backend`` names a row).
+
+A kind is a ``RolloutEngine`` module in ``trl_gptoss/rollout/`` plus a row here: how to build the engine for a
+policy, whether it is fed by a rollout server (``rollout_server_url``; started from the policy when unset), and
+whether it may sample in the background while the policy trains (``max_staleness: 1`` needs a separate copy of
+the weights). The config validates ``rollout_backend`` and those two properties against this table, the
+``Sampler`` builds from it; nothing else names a kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BuiltEngine:
+    """An engine and what to release with it (a server it started, its model copy), or ``None``."""
+
+    engine: object
+    release: Callable[[], None] | None = None
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    """``build(args, model, tokenizer) -> BuiltEngine``: collective under ``torch.distributed`` (every rank calls
+    it with its own, possibly sharded, policy). ``needs_server``: samples from ``rollout_server_url``.
+    ``may_overlap``: may sample the next batch while this step trains (it holds its own copy of the weights)."""
+
+    build: Callable[..., BuiltEngine]
+    needs_server: bool
+    may_overlap: bool
+
+
+def build_in_process(args, model, tokenizer) -> BuiltEngine:
+    """Generation with the policy itself (CPU demos, tests): no weights to copy, so nothing to overlap."""
+    from trl_gptoss.rollout.transformers_engine import TransformersEngine
+
+    return BuiltEngine(TransformersEngine(model, tokenizer))
+
+
+def build_vllm_server(args, model, tokenizer) -> BuiltEngine:
+    """One or more ``vllm serve`` processes (``rollout_server_url``), or one started from the policy."""
+    from trl_gptoss.rollout.multi_server import MultiServerEngine
+    from trl_gptoss.rollout.vllm_engine import VLLMServerEngine
+    from trl_gptoss.trainer.sampling.servers import check_server, refuse_zero3, start_server
+
+    refuse_zero3(args, model)
+    urls, release = args.rollout_server_url, None
+    if urls is None:
+        url, release = start_server(args, model, tokenizer)
+        urls = [url]
+    check_server(urls)
+    engine = VLLMServerEngine(urls[0]) if len(urls) == 1 else MultiServerEngine(urls)
+    return BuiltEngine(engine, release)
+
+
+ENGINE_KINDS: dict[str, EngineKind] = {
+    "vllm_server": EngineKind(build=build_vllm_server, needs_server=True, may_overlap=True),
+    "transformers": EngineKind(build=build_in_process, needs_server=False, may_overlap=False),
+}

@@ -1,0 +1,119 @@
+"""A rollout server for the ``vllm_server`` engine kind: checked when given, started from the policy when not."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+def check_server(urls: list[str], timeout: float = 10.0) -> None:
+    """Raise at construction when a rollout server does not answer ``GET /health`` with 200, naming it.
+    ``urls``: as ``GptOssGRPOConfig`` normalised them (a list without repeats)."""
+    from trl_gptoss.rollout.server import health_status
+
+    for url in urls:
+        status = health_status(url, timeout)
+        if status == 200:
+            continue
+        raise ValueError(
+            f"rollout_server_url entry {url!r} does not answer GET /health ({status}); start the server "
+            "(`trl-gptoss vllm-serve ...`), drop it from the list, or set rollout_server_url=None to start one"
+        )
+
+
+def refuse_zero3(args, model) -> None:
+    """The weight push gathers FSDP2 shards, not DeepSpeed ZeRO-3 partitions: refuse ZeRO-3 at construction
+    (a push would send empty shards) and say what to use instead."""
+    from trl_gptoss.rollout.weights.push import ZERO3_MESSAGE, pushed_layout
+
+    ds_config = getattr(args, "hf_deepspeed_config", None)
+    zero3 = bool(ds_config is not None and getattr(ds_config, "is_zero3", lambda: False)())
+    zero3 = zero3 or os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3"
+    if zero3:
+        raise ValueError(f"rollout_backend={args.rollout_backend!r} with DeepSpeed ZeRO-3: {ZERO3_MESSAGE}")
+    pushed_layout(model)  # raises, naming the parameter, when parameters are already ZeRO-3 partitions
+
+
+def start_server(args, model, tokenizer):
+    """Save a merged COPY of the model (``push_layers``: adapters merged into gathered copies, the trained model
+    untouched, one layer in memory at a time) and serve it with ``vllm serve``; its weights are replaced by a push
+    before the first rollout anyway. Collective under ``torch.distributed``: every rank calls it, rank 0 writes
+    the checkpoint and starts the one server, every rank gets its URL. Returns ``(url, release)``: ``release``
+    stops the server and removes the copy (also registered at exit), ``None`` on the other ranks."""
+    import torch.distributed as dist
+
+    from trl_gptoss.rollout.server import VLLMServer
+
+    distributed = dist.is_available() and dist.is_initialized()
+    if distributed and dist.get_rank() != 0:
+        save_merged_checkpoint(model, None)
+        box = [None]
+        dist.broadcast_object_list(box, src=0)
+        if box[0] is None:
+            raise RuntimeError("rank 0 could not start the vLLM rollout server; its log has the error")
+        return box[0], None
+    tmp = tempfile.TemporaryDirectory(prefix="trl-gptoss-rollout-")
+    path = Path(tmp.name)
+    save_merged_checkpoint(model, path)
+    tokenizer.save_pretrained(path)
+    server = VLLMServer(
+        path,
+        max_model_len=args.rollout_max_model_len,
+        startup_timeout=args.rollout_server_timeout,
+        remove_on_exit=[path],  # the model copy goes with the server, even if this process is killed
+    )
+    release = _releaser(server, tmp)
+    url = None
+    try:
+        server.start()
+        url = server.base_url
+    finally:
+        atexit.register(release)  # a server this process started never outlives it
+        if distributed:  # the other ranks wait for the URL (None: the start failed)
+            dist.broadcast_object_list([url], src=0)
+    logger.info("started a vLLM rollout server at %s", url)
+    return url, release
+
+
+def _releaser(server, tmp: tempfile.TemporaryDirectory):
+    def release() -> None:  # idempotent: called by close() and again at exit
+        server.stop()
+        with contextlib.suppress(OSError):
+            tmp.cleanup()
+
+    return release
+
+
+def save_merged_checkpoint(model, path: Path | None) -> None:
+    """Write ``model`` as a transformers checkpoint at ``path``: its config and one safetensors file per
+    ``push_layers`` group (adapters merged into copies, one layer in memory) plus the index. Collective under
+    ``torch.distributed`` (every rank calls it; rank 0, whose ``path`` is set, writes)."""
+    import copy
+    import json
+
+    from safetensors.torch import save_file
+
+    from trl_gptoss.rollout.weights.names import unwrap
+    from trl_gptoss.rollout.weights.push import push_layers
+
+    weight_map = {}
+    for number, layer in enumerate(push_layers(model, to_rank=0), start=1):
+        name = f"model-{number:05d}.safetensors"
+        save_file({n: t.contiguous() for n, t in layer}, str(path / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys((n for n, _ in layer), name))
+        del layer
+    if path is None:
+        return
+    base = unwrap(model, peft=True)
+    config = copy.deepcopy(base.config)
+    config.architectures = [type(base).__name__]  # what vLLM picks the model class (and its tasks) by
+    config.save_pretrained(path)
+    if getattr(base, "generation_config", None) is not None:
+        base.generation_config.save_pretrained(path)
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
