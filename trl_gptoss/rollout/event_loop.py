@@ -37,8 +37,9 @@ def run_to_completion(coroutine: Coroutine):
     except RuntimeError:
         pass
     else:
+        name = getattr(coroutine, "__qualname__", "the coroutine")
         coroutine.close()
-        raise RuntimeError("run_to_completion() was called inside a running event loop; await the coroutine instead")
+        raise RuntimeError(f"{name}(...) was run to completion inside a running event loop; use `await {name}(...)`")
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     try:

@@ -32,6 +32,7 @@ from trl_gptoss.harmony import (
 )
 from trl_gptoss.harmony.tokens import CALL, RETURN, START
 from trl_gptoss.rollout.config import RolloutConfig, derive_seed
+from trl_gptoss.rollout.event_loop import run_to_completion
 from trl_gptoss.rollout.request_gate import RequestGate
 from trl_gptoss.rollout.tool_calls import ToolBox
 from trl_gptoss.rollout.types import GenerationRequest, Rollout, RolloutEngine
@@ -49,37 +50,7 @@ def run_rollouts(
     async code use ``await arun_rollouts(...)``. An engine error aborts the whole batch (it is re-raised
     after the other conversations are cancelled): no partial batch is ever returned as complete.
     """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return _run_to_completion(arun_rollouts(engine, prompts, tokenizer=tokenizer, tools=tools, config=config))
-    raise RuntimeError("run_rollouts() was called inside a running event loop; use `await arun_rollouts(...)`")
-
-
-def _run_to_completion(coroutine):
-    """``asyncio.run`` without its Ctrl-C handler: since Python 3.11 ``asyncio.run`` turns SIGINT into a
-    cancellation of the main task and raises KeyboardInterrupt only if that task ends cancelled, and the
-    training job was seen to run on after Ctrl-C during generation (conversations swallowed the cancellation in
-    ``asyncio.wait_for``, since replaced in ``http_async``). Here SIGINT raises KeyboardInterrupt where it lands,
-    as everywhere else in training; the tasks are then cancelled and awaited as ``asyncio.run`` does."""
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-    try:
-        return loop.run_until_complete(coroutine)
-    finally:
-        try:
-            loop.run_until_complete(_cancel_remaining_tasks())
-            loop.run_until_complete(loop.shutdown_asyncgens())
-        finally:
-            asyncio.set_event_loop(None)
-            loop.close()
-
-
-async def _cancel_remaining_tasks() -> None:
-    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    return run_to_completion(arun_rollouts(engine, prompts, tokenizer=tokenizer, tools=tools, config=config))
 
 
 async def arun_rollouts(

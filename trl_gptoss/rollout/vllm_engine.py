@@ -210,8 +210,9 @@ class VLLMServerEngine:
         return self._weight_sync
 
     def push_weights(self, model) -> None:
-        """Make the server sample from ``model``'s current parameters (every tensor; see ``weight_sync_vllm``).
-        Collective under ``torch.distributed``: every rank calls it, rank 0 sends."""
+        """Make the server sample from ``model``'s current parameters (every tensor; see
+        ``trl_gptoss.rollout.weights.sync``). Collective under ``torch.distributed``: every rank calls it, rank 0
+        sends."""
         from trl_gptoss.rollout.weights import push_model
 
         push_model(lambda: [self.pusher()], model)
