@@ -162,7 +162,7 @@ def loop_prompt_ids(tokenizer, task: str, prompt: list[dict]) -> list[int]:
     """The token ids the rollout loop sends the engine for ``prompt`` with the task's tools and Harmony's default
     system message, as the trainer's rollouts render it."""
     from trl_gptoss.rollout.loop import run_rollouts
-    from trl_gptoss.trainer.rollouts import build_tools
+    from trl_gptoss.tools import build_tools
 
     engine = _Recorder(tokenizer)
     run_rollouts(engine, [prompt], tokenizer=tokenizer, tools=build_tools(list(TASKS[task].tools)))

@@ -23,12 +23,10 @@ def test_unknown_names_are_refused_with_the_available_ones():
 
 
 def test_one_registry_line_adds_a_tool_to_rollouts_and_the_trainer(monkeypatch):
-    """Registering a class is all it takes: the trainer's ``build_tools`` builds it, the loop declares it with its
-    own description and serves its calls."""
-    from trl_gptoss.trainer.rollouts import build_tools as trainer_build_tools
-
+    """Registering a class is all it takes: ``build_tools`` (what the trainer builds ``tool_names`` with) builds it,
+    the loop declares it with its own description and serves its calls."""
     monkeypatch.setitem(TOOLS, "add", AddTool)  # the one line
-    tools = trainer_build_tools(["add"])
+    tools = build_tools(["add"])
     assert [type(t) for t in tools] == [AddTool]
     tok = harmony_tokenizer()
     prompt = user("What is 2 + 3?")
