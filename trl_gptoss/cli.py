@@ -10,7 +10,7 @@ Subcommands available now:
   (``trl_gptoss.scripts.cli_commands``).
 - ``convert``: MXFP4 GPT-OSS hub checkpoint -> bf16 checkpoint, streaming (``trl_gptoss.checkpoint.command``).
 - ``check-sync``: push a checkpoint to running vLLM servers and prove, per parameter group, that it arrived
-  (``trl_gptoss.rollout.check_sync_command``).
+  (``trl_gptoss.scripts.check_sync``).
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     from trl_gptoss.checkpoint.command import register as register_convert
 
     register_convert(sub)
-    from trl_gptoss.rollout.check_sync_command import register as register_check_sync
+    from trl_gptoss.scripts.check_sync import register as register_check_sync
 
     register_check_sync(sub)
     return parser

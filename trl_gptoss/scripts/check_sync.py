@@ -2,7 +2,7 @@
 
 ``trl-gptoss check-sync --server URL [--server URL ...] --model PATH``: loads the checkpoint at PATH as the
 trainer does (``fa3_sink`` attention, sequential experts, float32 by default), runs
-``trl_gptoss.rollout.check_sync.check_sync`` against every server, prints a table (``--json``: the report as
+``trl_gptoss.rollout.weights.check_sync.check_sync`` against every server, prints a table (``--json``: the report as
 JSON) and exits 0 when every group reached every server, 1 when a row failed, 2 when the check could not run.
 """
 
@@ -21,7 +21,7 @@ def _positive(text: str) -> float:
 
 
 def _groups(text: str) -> list[str]:
-    from trl_gptoss.rollout.check_sync import GROUPS
+    from trl_gptoss.rollout.weights.check_sync import GROUPS
 
     groups = [g.strip() for g in text.split(",") if g.strip()]
     unknown = [g for g in groups if g not in GROUPS]
@@ -63,7 +63,7 @@ def _special_added_ids(tokenizer) -> list[int]:
 
 def _prompts(args, model) -> list[list[int]]:
     """``--prompt`` texts tokenised with the checkpoint's tokenizer, else random ordinary token ids."""
-    from trl_gptoss.rollout.check_sync import random_prompts
+    from trl_gptoss.rollout.weights.check_sync import random_prompts
 
     tokenizer = _tokenizer(args.model)
     if args.prompt:
@@ -77,9 +77,9 @@ def _prompts(args, model) -> list[list[int]]:
 
 def _fresh_scores(args, prompts):
     """``--fresh start``: the log-probs of a server started here from the checkpoint (stopped afterwards)."""
-    from trl_gptoss.rollout.check_sync import server_logprobs
     from trl_gptoss.rollout.server import VLLMServer
     from trl_gptoss.rollout.vllm_engine import VLLMServerEngine
+    from trl_gptoss.rollout.weights.check_sync import server_logprobs
 
     length = max(len(p) for p in prompts) + 16
     with VLLMServer(args.model, max_model_len=length, max_num_seqs=4, device=args.fresh_device) as server:
@@ -91,9 +91,9 @@ def _fresh_scores(args, prompts):
 
 
 def _cmd_check_sync(args) -> int:
-    from trl_gptoss.rollout.check_sync import check_sync, format_report
     from trl_gptoss.rollout.multi_server import server_urls
     from trl_gptoss.rollout.vllm_engine import VLLMServerEngine
+    from trl_gptoss.rollout.weights.check_sync import check_sync, format_report
 
     engines = []
     try:
@@ -127,7 +127,7 @@ def _cmd_check_sync(args) -> int:
 
 def register(sub) -> None:
     """Add ``check-sync`` to the console script's subparsers."""
-    from trl_gptoss.rollout.check_sync import GROUPS
+    from trl_gptoss.rollout.weights.check_sync import GROUPS
 
     check = sub.add_parser(
         "check-sync",
