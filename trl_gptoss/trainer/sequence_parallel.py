@@ -57,6 +57,11 @@ class SequenceParallelLoss:
         self.plugin = plugin
         self.runner = None
 
+    @classmethod
+    def for_config(cls, args, model_config) -> SequenceParallelLoss | None:
+        """The SP loss of a run with ``sp_size > 1`` (its settings checked), else None."""
+        return cls(check_sequence_parallel(args, model_config)) if args.sp_size > 1 else None
+
     def __call__(self, trainer, model, inputs: dict) -> torch.Tensor:
         if self.runner is None:
             head = sequence_parallel_head(trainer.args)

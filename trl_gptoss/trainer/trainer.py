@@ -33,7 +33,7 @@ from trl_gptoss.trainer.policy import load_policy, model_init_warning_dropped, r
 from trl_gptoss.trainer.replay import RoutingReplay
 from trl_gptoss.trainer.rollouts import final_answer_completions, rollout_metrics, rollouts_to_trl
 from trl_gptoss.trainer.sampling import Sampler
-from trl_gptoss.trainer.sequence_parallel import SequenceParallelLoss, check_sequence_parallel
+from trl_gptoss.trainer.sequence_parallel import SequenceParallelLoss
 from trl_gptoss.trainer.timing import OptimizerTimer, PhaseTimer
 
 
@@ -79,9 +79,7 @@ class GptOssGRPOTrainer(GRPOTrainer):
             switch_implementations(self.ref_model, args)
         if args.logprobs_implementation == "selective_logprobs":
             replace_fused_heads((self.model, self.ref_model), self.temperature, args.cast_lm_head_to_fp32)
-        self.sp_loss = (
-            SequenceParallelLoss(check_sequence_parallel(args, self.model.config)) if args.sp_size > 1 else None
-        )
+        self.sp_loss = SequenceParallelLoss.for_config(args, self.model.config)  # None unless sp_size > 1
         self.routing_replay = RoutingReplay() if args.routing_replay else None
         self.timer = PhaseTimer(self)
         self.add_callback(OptimizerTimer(self.timer))
@@ -120,10 +118,8 @@ class GptOssGRPOTrainer(GRPOTrainer):
         return rollouts_to_trl(batch.rollouts)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        fetch = super().get_batch_samples
-        return self.sampler.read_batches(
-            fetch, epoch_iterator, num_batches, device, micro_step=self._step, state=self.state
-        )
+        fetch, step = super().get_batch_samples, self._step
+        return self.sampler.read_batches(fetch, epoch_iterator, num_batches, device, micro_step=step, state=self.state)
 
     def _prepare_inputs(self, generation_batch):
         inputs = super()._prepare_inputs(generation_batch)  # generates this update's batch when it is due
