@@ -144,3 +144,48 @@ def test_multi_message_completion(oh, encoding, tokenizer):
     assert ids[end0 - 1] == codec_for(tokenizer).special("<|end|>") and ids[start1] == codec_for(tokenizer).special(
         "<|start|>"
     )
+
+
+# Unicode whitespace that is not ASCII whitespace to Rust (NBSP, line/paragraph separators, ideographic and thin
+# spaces, NEL, VT), and U+001C..U+001F, which Python's isspace counts and Rust's White_Space does not.
+_ODD_SPACES = {
+    "nbsp": "\u00a0",
+    "line-sep": "\u2028",
+    "para-sep": "\u2029",
+    "ideographic": "\u3000",
+    "thin": "\u2009",
+    "narrow-nbsp": "\u202f",
+    "nel": "\x85",
+    "vt": "\x0b",
+    "file-sep": "\x1c",
+    "unit-sep": "\x1f",
+    "form-feed": "\x0c",
+    "zero-width": "\u200b",
+}
+_HEADERS_AROUND = [
+    "<|channel|>analysis to=python{ws}code",
+    " to=python{ws}code<|channel|>analysis",
+    "<|channel|>commentary{ws}to=functions.f json",
+    "<|channel|>commentary to=functions.f{ws}<|constrain|>json",
+    "{ws}to=functions.f<|channel|>commentary json",
+    "<|channel|>commentary to={ws}functions.f json",
+]
+
+
+@pytest.mark.parametrize("ws", list(_ODD_SPACES.values()), ids=list(_ODD_SPACES))
+def test_header_whitespace_splits_like_harmony(oh, encoding, tokenizer, ws):
+    """Recipients split on ASCII whitespace only: ``to=python\\u00a0code`` names no tool there, nor here."""
+    for form in _HEADERS_AROUND:
+        header = form.format(ws=ws)
+        ids = encoding.encode(header + "<|message|>print(1)<|call|>", allowed_special="all")
+        try:
+            expected = [
+                _as_tuple(m) for m in encoding.parse_messages_from_completion_tokens(ids, role=oh.Role.ASSISTANT)
+            ]
+        except Exception:  # the reference refuses the header: so must we
+            expected = None
+        parsed = parse_completion(ids, tokenizer)
+        mine = [_mine_as_tuple(m) for m in parsed.messages] if parsed.error is None else None
+        assert mine == expected, f"{header!r}: reference {expected}, parsed {mine} ({parsed.error})"
+        if expected and expected[0][2] != "python":
+            assert all(call.recipient != "python" for call in parsed.tool_calls), header

@@ -2,8 +2,9 @@
 
 A completion sampled after ``<|start|>assistant`` starts inside the first message's header. Messages end
 with ``<|end|>``, ``<|call|>`` or ``<|return|>``; the next one must open with ``<|start|>``. The header
-grammar follows openai-harmony 0.0.8: the channel is cut out first, then the rest splits on whitespace into
-role, ``to=recipient`` and content type, so both header orders parse alike::
+grammar follows openai-harmony 0.0.8: the channel is cut out first (it ends at Unicode whitespace or ``<``), the
+rest is trimmed of Unicode whitespace and splits on ASCII whitespace only into role, ``to=recipient`` and
+content type, so both header orders parse alike::
 
     assistant to=functions.f<|channel|>commentary json
     assistant<|channel|>commentary to=functions.f <|constrain|>json
@@ -17,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import operator
+import re
 from dataclasses import dataclass, field
 
 from trl_gptoss.harmony.codec import codec_for
@@ -70,12 +72,25 @@ class _HeaderError(Exception):
     pass
 
 
+# openai-harmony (Rust) ends a channel value at ``char::is_whitespace`` and trims the header with ``str::trim``
+# (both Unicode White_Space, which lacks U+001C..U+001F that Python's isspace includes), then splits the header
+# with ``split_ascii_whitespace`` (space, tab, LF, FF, CR): ``to=python\u00a0code`` is one recipient there.
+_WHITE_SPACE = (
+    "\t\n\x0b\x0c\r \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
+)
+_ASCII_WHITESPACE = re.compile("[ \t\n\x0c\r]+")
+
+
+def _split_header(header: str) -> list[str]:
+    return [part for part in _ASCII_WHITESPACE.split(header) if part]
+
+
 def _cut_channel(header: str) -> tuple[str, str | None]:
     idx = header.find(CHANNEL)
     if idx < 0:
         return header, None
     after = header[idx + len(CHANNEL) :]
-    end = next((i for i, ch in enumerate(after) if ch.isspace() or ch == "<"), len(after))
+    end = next((i for i, ch in enumerate(after) if ch in _WHITE_SPACE or ch == "<"), len(after))
     if end == 0:
         raise _HeaderError("channel marker present but no channel value follows it")
     return header[:idx] + after[end:], after[:end]
@@ -112,10 +127,10 @@ def _recipient_and_type(parts: list[str]) -> tuple[str | None, str | None]:
 def parse_header(header: str, role: str | None) -> Message:
     """One decoded header (special tokens spelled out) → an empty ``Message`` carrying its metadata."""
     header, channel = _cut_channel(header)
-    header = header.strip()
+    header = header.strip(_WHITE_SPACE)
     if CONSTRAIN in header:
-        header = header.replace(CONSTRAIN, f" {CONSTRAIN}").strip()
-    role, name, parts = _role_and_rest(header.split(), role)
+        header = header.replace(CONSTRAIN, f" {CONSTRAIN}").strip(_WHITE_SPACE)
+    role, name, parts = _role_and_rest(_split_header(header), role)
     recipient, content_type = _recipient_and_type(parts)
     if parts:
         raise _HeaderError(f"unexpected text in message header: {' '.join(parts)!r}")
