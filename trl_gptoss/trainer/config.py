@@ -132,6 +132,13 @@ class GptOssGRPOConfig(GRPOConfig):
             "'vllm_server'."
         },
     )
+    eval_temperature: float | None = field(
+        default=None,
+        metadata={
+            "help": "Sampling temperature of evaluation (eval_strategy / evaluate()): the held-out problems are "
+            "sampled num_generations_eval times each at it; None: the training temperature."
+        },
+    )
     sp_size: int = field(
         default=1,
         metadata={
@@ -178,6 +185,7 @@ class GptOssGRPOConfig(GRPOConfig):
         self._map_deprecated()
         self._check_own_fields()
         self._check_parent_fields()
+        self._check_optimisation_fields()
         if self.parallelism_config is not None and (
             self.parallelism_config.cp_enabled or self.parallelism_config.sp_enabled
         ):
@@ -186,6 +194,7 @@ class GptOssGRPOConfig(GRPOConfig):
                 "GptOssGRPOTrainer (it runs SP through trl_gptoss.parallel)"
             )
         super().__post_init__()
+        _check_report_to(self.report_to)  # after TrainingArguments turned "all"/"none"/a name into a list
         if self.routing_replay and not self.needs_old_logprobs_pass:
             raise ValueError(
                 "routing_replay=True has nothing to replay: every batch is trained by one optimizer step "
@@ -249,10 +258,14 @@ class GptOssGRPOConfig(GRPOConfig):
             self.rollout_server_url = server_urls(self.rollout_server_url)  # one URL, "a,b" or a list; no repeats
             for url in self.rollout_server_url:
                 check.server_url("rollout_server_url", url)
-        check.positive_int("rollout_max_model_len", self.rollout_max_model_len, minimum=2)
+        check.positive_int(
+            "rollout_max_model_len", self.rollout_max_model_len, minimum=2, maximum=check.MAX_CONTEXT_TOKENS
+        )
         check.finite_number("rollout_server_timeout", self.rollout_server_timeout, low=0, low_open=True)
         self.tool_names = _checked_tool_names(self.tool_names)
         self.correction_thresholds()  # validates the bounds
+        if self.eval_temperature is not None:
+            check.finite_number("eval_temperature", self.eval_temperature, low=0, low_open=True)
         check.positive_int("sp_size", self.sp_size)
         check.positive_int("max_staleness", self.max_staleness, minimum=0)
         if self.max_staleness > 1:
@@ -271,7 +284,7 @@ class GptOssGRPOConfig(GRPOConfig):
 
     def _check_parent_fields(self) -> None:
         """TRL fields whose bad values would fail late (after the model loads) or train silently wrong."""
-        check.positive_int("max_completion_length", self.max_completion_length)
+        check.positive_int("max_completion_length", self.max_completion_length, maximum=check.MAX_CONTEXT_TOKENS)
         check.positive_int("num_generations", self.num_generations, minimum=2)
         check.positive_int("num_iterations", self.num_iterations)
         check.positive_int("steps_per_generation", self.steps_per_generation, allow_none=True)
@@ -301,6 +314,37 @@ class GptOssGRPOConfig(GRPOConfig):
         refused = refused_parent_fields(self)
         if refused:
             raise ValueError("GptOssGRPOTrainer cannot honour these TRL fields:\n  - " + "\n  - ".join(refused))
+
+    def _check_optimisation_fields(self) -> None:
+        """TRL's and transformers' numbers the run relies on. Unchecked, a NaN or an infinity trains into NaN
+        weights (``learning_rate``, ``weight_decay``), silently turns the policy gradient (``epsilon``) or
+        clipping (``max_grad_norm``) off, and a batch size, seed or step count out of range fails only after the
+        model has loaded."""
+        check.finite_number("learning_rate", self.learning_rate, low=0, low_open=True)
+        check.finite_number("weight_decay", self.weight_decay, low=0)
+        check.finite_number("adam_beta1", self.adam_beta1, low=0, high=1, high_open=True)
+        check.finite_number("adam_beta2", self.adam_beta2, low=0, high=1, high_open=True)
+        check.finite_number("adam_epsilon", self.adam_epsilon, low=0, low_open=True)
+        # +inf clips nothing but still logs grad_norm; 0 or null turn clipping (and grad_norm) off
+        check.finite_number("max_grad_norm", self.max_grad_norm, low=0, allow_inf=True, allow_none=True)
+        check.finite_number("warmup_steps", self.warmup_steps, low=0)
+        check.finite_number("num_train_epochs", self.num_train_epochs, low=0, low_open=True)
+        check.finite_number("beta", self.beta, low=0)
+        check.finite_number("epsilon", self.epsilon, low=0, low_open=True)
+        check.finite_number("epsilon_high", self.epsilon_high, low=0, low_open=True, allow_none=True)
+        check.finite_number("delta", self.delta, low=0, low_open=True, allow_none=True)
+        check.finite_numbers("reward_weights", self.reward_weights, allow_none=True)
+        check.positive_int("per_device_train_batch_size", self.per_device_train_batch_size)
+        check.positive_int("per_device_eval_batch_size", self.per_device_eval_batch_size)
+        check.positive_int("gradient_accumulation_steps", self.gradient_accumulation_steps)
+        check.positive_int("max_steps", self.max_steps, minimum=-1)  # -1: num_train_epochs decides
+        check.positive_int("seed", self.seed, minimum=0, maximum=2**32 - 1)  # numpy's seed range
+        check.positive_int("data_seed", self.data_seed, minimum=0, maximum=2**32 - 1, allow_none=True)
+        check.positive_int("save_total_limit", self.save_total_limit, minimum=0, allow_none=True)
+        check.finite_number("logging_steps", self.logging_steps, low=0)
+        check.finite_number("eval_steps", self.eval_steps, low=0, allow_none=True)  # 0/null: logging_steps
+        saves_by_steps = self.save_strategy == "steps"  # a save every save_steps (a fraction < 1: of max_steps)
+        check.finite_number("save_steps", self.save_steps, low=0, low_open=saves_by_steps)
 
     def _check_staleness_schedule(self) -> None:
         """The next generation is started at an optimizer-step boundary: it needs generations to begin there."""
@@ -348,16 +392,43 @@ class GptOssGRPOConfig(GRPOConfig):
         return not self.needs_old_logprobs_pass and self.max_staleness == 0
 
 
+def _check_report_to(report_to: list[str]) -> None:
+    """Every integration ``report_to`` names is one transformers knows and is installed here: the Trainer
+    would fail on it only after the model loaded (or, for some, at the first log)."""
+    from transformers.integrations import get_available_reporting_integrations
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    unknown = [name for name in report_to if name not in INTEGRATION_TO_CALLBACK]
+    if unknown:
+        raise ValueError(
+            f"report_to names unknown integrations {check.shown(unknown)}; choose from "
+            f"{sorted(INTEGRATION_TO_CALLBACK)} or none"
+        )
+    installed = set(get_available_reporting_integrations()) | {"kubeflow"}  # added by transformers only if found
+    missing = [name for name in report_to if name not in installed and not _flyte_installed(name)]
+    if missing:
+        raise ValueError(
+            f"report_to names {missing}, not installed here (installed: {sorted(installed - {'kubeflow'}) or 'none'}); "
+            "install it or set report_to: none"
+        )
+
+
+def _flyte_installed(name: str) -> bool:
+    from transformers.integrations.integration_utils import is_flyte_deck_standard_available
+
+    return name == "flyte" and is_flyte_deck_standard_available()
+
+
 def _checked_tool_names(names) -> list[str]:
     from trl_gptoss.tools import TOOLS
 
     if isinstance(names, str):
         names = [names]
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
-        raise ValueError(f"tool_names must be a list of tool names such as ['python'], got {names!r}")
+        raise ValueError(f"tool_names must be a list of tool names such as ['python'], got {check.shown(names)}")
     unknown = [n for n in names if n not in TOOLS]
     if unknown:
-        raise ValueError(f"tool_names has unknown tools {unknown}; available: {sorted(TOOLS)}")
+        raise ValueError(f"tool_names has unknown tools {check.shown(unknown)}; available: {sorted(TOOLS)}")
     return list(names)
 
 
