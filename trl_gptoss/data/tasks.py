@@ -24,7 +24,13 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Task:
     """One task. Exactly one of ``format_row`` (rows read from files: ``samples/<name>.jsonl`` or a JSON-lines
-    file) and ``generate`` (``(num_prompts, seed) -> Dataset``) is set."""
+    file) and ``generate`` (``(num_prompts, seed) -> Dataset``) is set.
+
+    Evaluation: ``answer(text)`` reads a completion's final answer for majority voting (a tuple of answers, or
+    None; tasks without one, like VerifyIf, have no maj@k), ``same_answer`` compares two of them. Held-out
+    problems come from another seed (generated tasks), the Hub split ``eval_split`` when the rows come from the
+    Hub and the task has one, else from rows set aside from the training rows (``trl_gptoss.scripts``'s job).
+    """
 
     name: str
     reward: Callable[..., list[float]]
@@ -32,6 +38,8 @@ class Task:
     format_row: Callable[[dict], dict] | None = None
     hub: HubDataset | None = None
     generate: Callable[[int, int], Dataset] | None = None
+    answer: Callable[[str], tuple | None] | None = None
+    eval_split: str | None = None
 
     def __post_init__(self):
         if (self.format_row is None) == (self.generate is None):
@@ -71,6 +79,21 @@ class Task:
         )
 
 
+def _boxed(text: str) -> tuple | None:
+    """ReTool's final answers: every outermost ``\\boxed{}``."""
+    return tuple(rewards.boxed_answers(text) or ()) or None
+
+
+def _marked(text: str) -> tuple | None:
+    """GSM8K's final answers: boxed, ``#### x`` or "the answer is x" (what ``gsm8k_reward`` reads)."""
+    return tuple(a for a in rewards.marked_answers(text) if a is not None) or None
+
+
+def same_answer(a: tuple, b: tuple) -> bool:
+    """Two final answers are one vote when they state equal values (``answers_match``, element-wise)."""
+    return len(a) == len(b) and all(rewards.answers_match(x, y) for x, y in zip(a, b))
+
+
 def _question_answer(make: Callable[[str, str], dict]) -> Callable[[dict], dict]:
     def format_row(row: dict) -> dict:
         return make(formats.field(row, "question"), formats.field(row, "answer"))
@@ -86,7 +109,7 @@ TASKS: dict[str, Task] = {
     task.name: task
     for task in (
         # The CPU demo's synthetic ReTool-style task: exact arithmetic only the python tool gets right.
-        Task("arithmetic", rewards.retool_reward, tools=("python",), generate=arithmetic_dataset),
+        Task("arithmetic", rewards.retool_reward, tools=("python",), generate=arithmetic_dataset, answer=_boxed),
         # ReTool's RL stage trains on DAPO-Math-17k (integer answers) with a code interpreter.
         Task(
             "retool",
@@ -94,12 +117,15 @@ TASKS: dict[str, Task] = {
             tools=("python",),
             format_row=_question_answer(formats.retool_row),
             hub=HubDataset("BytedTsinghua-SIA/DAPO-Math-17k", None, formats.dapo_math_row),
+            answer=_boxed,
         ),
         Task(
             "gsm8k",
             rewards.gsm8k_reward,
             format_row=_question_answer(formats.gsm8k_row),
             hub=HubDataset("openai/gsm8k", "main", _question_answer(formats.gsm8k_row)),
+            answer=_marked,
+            eval_split="test",
         ),
         # Rule-verifiable instructions; rows using instructions without a checker here are dropped.
         Task(

@@ -1,15 +1,10 @@
 """``GptOssGRPOTrainer``: TRL's GRPO with trl-gptoss rollouts, exact on-policy ratios and rollout correction.
 
-Hooks over ``GRPOTrainer`` (everything else -- sampler, rewards, advantages, loss types, logging -- is TRL's), each
-one call into the object that owns its concern: ``rollout_func``, ``get_batch_samples``, ``_prepare_inputs``,
-``train``, ``close`` into the ``Sampler`` (which weights sample each batch, when a push may land); ``_compute_loss``
-opens a ``LossPass`` that ``_get_per_token_logps_and_entropies`` reads (R3 replay; on the policy's log-probs the
-rollout correction and ``policy/ratio_max_abs_dev``; outside a pass it is the old-log-prob pass, where R3 records);
-``_generate`` gives rewards the final answer as ``completions``; ``create_model_card`` a working Harmony quick start.
-
-On-policy rule: ``use_vllm`` stays False, so TRL computes old log-probs only when
-``gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0``; otherwise its loss uses
-``per_token_logps.detach()`` and the PPO ratio is exactly 1 -- no extra forward.
+Each hook over ``GRPOTrainer`` is one call into the object that owns its concern: the ``Sampler`` (which weights
+sample each batch, when a push may land), the ``LossPass`` (R3 replay, rollout correction, the SP owner's local
+collectives), ``evaluate_held_out`` (mean@k / pass@k / maj@k). Everything else is TRL's. On-policy rule:
+``use_vllm`` stays False, so TRL computes old log-probs only when ``gradient_accumulation_steps % (steps_per_generation
+* num_iterations) != 0``; otherwise its loss uses ``per_token_logps.detach()`` and the PPO ratio is exactly 1.
 """
 
 from __future__ import annotations
@@ -25,6 +20,7 @@ from trl_gptoss.tools import build_tools
 from trl_gptoss.trainer.checks import check_world, checked_rewards
 from trl_gptoss.trainer.config import GptOssGRPOConfig
 from trl_gptoss.trainer.fsdp_precision import keep_outputs_as_computed
+from trl_gptoss.trainer.held_out import evaluate_held_out
 from trl_gptoss.trainer.logprob_head import replace_fused_heads
 from trl_gptoss.trainer.loss_pass import LocalCollectives, LossPass
 from trl_gptoss.trainer.master_weights import MasterWeightsGuard
@@ -94,6 +90,7 @@ class GptOssGRPOTrainer(GRPOTrainer):
             record=self.timer.record,
         )
         self.rollout_func = self._rollout_batch
+        self.held_out_results: list = []  # the latest evaluation's per-problem results (evaluate())
         self._loss_pass: LossPass | None = None
 
     @property
@@ -138,6 +135,10 @@ class GptOssGRPOTrainer(GRPOTrainer):
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         with self.timer.phase("rewards"):
             return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
+        """Held-out mean@k / pass@k / maj@k through the ``Sampler`` (``trl_gptoss.trainer.held_out``)."""
+        return evaluate_held_out(self, eval_dataset, metric_key_prefix)
 
     # -- loss-side hooks ----------------------------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):

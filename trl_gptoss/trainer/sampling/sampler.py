@@ -25,6 +25,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import copy
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -87,16 +88,17 @@ class Sampler:
         self._read_ahead: list | None = None  # prompts of the next generation batch, read, not started yet
 
     # -- the timeline ---------------------------------------------------------------------------------------
-    def sample(self, prompts: list, step: int, *, train: bool = True) -> SampledBatch:
+    def sample(self, prompts: list, step: int, *, train: bool = True, settings: dict | None = None) -> SampledBatch:
         """This process's rollouts of ``prompts``, the batch trained at global step ``step``: the background job
         started for it (waits for it), else sampled now with the weights of ``step`` (pushed first if older).
-        Evaluation batches (``train=False``) never take a training batch's job."""
+        Evaluation batches (``train=False``) never take a training batch's job; ``settings`` replace fields of
+        their ``RolloutConfig`` (an evaluation's temperature and seed)."""
         prompts = [as_conversation(p) for p in prompts]
         job = self._take(prompts, step) if train and self._job is not None else None
         if job is None:
             self.push(step)
             start = time.perf_counter()
-            rollouts = self._run_now(prompts, step)
+            rollouts = self._run_now(prompts, step, settings)
             batch = SampledBatch(rollouts, step, time.perf_counter() - start)
         else:
             batch = job
@@ -206,10 +208,11 @@ class Sampler:
         with contextlib.suppress(Exception):
             job.future.result(CLOSE_TIMEOUT_S)
 
-    def _run_now(self, prompts: list, step: int) -> list:
-        return run_to_completion(self._arun(prompts, step))
+    def _run_now(self, prompts: list, step: int, settings: dict | None = None) -> list:
+        return run_to_completion(self._arun(prompts, step, settings))
 
-    def _arun(self, prompts: list, step: int):
+    def _arun(self, prompts: list, step: int, settings: dict | None = None):
         """The rollouts of the batch trained at ``step``: its seed differs per step and per process."""
         config = rollout_config(self._args, step, self._world.process_index, system=self.system)
+        config = dataclasses.replace(config, **settings) if settings else config
         return arun_rollouts(self.engine, prompts, tokenizer=self._tokenizer, tools=self.tools, config=config)

@@ -1,0 +1,70 @@
+"""``evaluate_rows`` + ``summarize`` over real rollouts (the rollout loop with a scripted engine), real rewards."""
+
+import pytest
+
+from tests.rollout.loop_helpers import final, scripted, user
+from trl_gptoss.evaluation import Grader, evaluate_rows, summarize, task_graders
+from trl_gptoss.rollout.loop import run_rollouts
+from trl_gptoss.testing import harmony_tokenizer
+
+ROWS = [
+    {"prompt": user("What is 2 + 2?"), "answer": "4", "task": "retool"},  # answered right
+    {"prompt": user("What is 3 + 5?"), "answer": "8", "task": "retool"},  # answered wrong
+    {"prompt": user("What is 6 * 7?"), "answer": "#### 42", "task": "gsm8k"},  # right, with a comma-free answer
+]
+SCRIPTS = [r"The answer is \boxed{4}.", r"\boxed{7}", "The answer is 42."]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return harmony_tokenizer()
+
+
+def _sampler(tokenizer):
+    engine = scripted(tokenizer, [(row["prompt"], [final(text)]) for row, text in zip(ROWS, SCRIPTS)])
+    calls = []
+
+    def sample(prompts):
+        calls.append(len(prompts))
+        return run_rollouts(engine, prompts, tokenizer=tokenizer)
+
+    return sample, calls
+
+
+def test_every_problem_is_sampled_k_times_in_one_batch_and_graded_by_its_task(tokenizer):
+    sample, calls = _sampler(tokenizer)
+    results = evaluate_rows(sample, ROWS, task_graders(), k=3, default_task="retool")
+    assert calls == [9]  # 3 problems x k=3, all handed over at once
+    assert [r.correct for r in results] == [[True] * 3, [False] * 3, [True] * 3]
+    assert [r.answers[0] for r in results] == [("4",), ("7",), ("42",)]
+    metrics = summarize(results, task_graders(), seconds=1.5)
+    assert metrics["retool/mean@3"] == 0.5 and metrics["gsm8k/mean@3"] == 1.0
+    assert metrics["mean@3"] == pytest.approx(2 / 3) and metrics["pass@2"] == pytest.approx(2 / 3)
+    assert metrics["retool/maj@3"] == 0.5 and metrics["reward"] == pytest.approx((3 - 3 + 3) / 9)
+    assert metrics["maj@3"] == pytest.approx(2 / 3)  # both tasks compare answers by one rule: an overall vote
+    assert metrics["problems"] == 3 and metrics["samples"] == 9 and metrics["truncated"] == 0.0
+    assert metrics["tool_calls"] == 0.0 and metrics["turns"] == 1.0 and metrics["seconds"] == 1.5
+    assert results[2].to_dict()["final_answers"] == ["The answer is 42."] * 3
+
+
+def test_a_reward_that_raises_makes_its_sample_wrong_and_is_reported(tokenizer):
+    sample, _ = _sampler(tokenizer)
+
+    def flaky(completions, answer, **kwargs):
+        if answer[0] == "8":
+            raise ZeroDivisionError("the checker divided by zero")
+        return [1.0]
+
+    graders = {"mine": Grader("mine", flaky)}
+    rows = [{k: v for k, v in row.items() if k != "task"} for row in ROWS]
+    results = evaluate_rows(sample, rows, graders, k=2, default_task="mine")
+    assert [r.correct for r in results] == [[True, True], [False, False], [True, True]]
+    assert results[1].reward_errors == ["ZeroDivisionError: the checker divided by zero"] * 2
+    metrics = summarize(results, graders)
+    assert metrics["reward_errors"] == 2.0 and metrics["mean@2"] == pytest.approx(2 / 3)
+
+
+def test_a_row_naming_an_unknown_task_is_refused(tokenizer):
+    sample, _ = _sampler(tokenizer)
+    with pytest.raises(ValueError, match=r"row 0 names task 'chess'"):
+        evaluate_rows(sample, [{**ROWS[0], "task": "chess"}], task_graders(), k=1, default_task="retool")

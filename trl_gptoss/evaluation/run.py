@@ -1,0 +1,145 @@
+"""Evaluate held-out problems: ``k`` rollouts each, graded by the task's reward, summarised per task and overall.
+
+The rollouts come from a ``sample(prompts) -> rollouts`` callable, so the trainer's ``Sampler`` (the weights of the
+step it reports, never disturbing the training schedule) and ``trl-gptoss eval`` (a server started or given) run
+the same code. All ``problems x k`` conversations are handed over at once: the rollout loop keeps them in flight
+together, tool calls included.
+
+A sample is correct when its reward reaches ``CORRECT_REWARD`` (1: ReTool's +1, GSM8K's 1, VerifyIf's all
+constraints met). A reward function that raises on a sample makes that sample wrong, and the error is reported
+with the problem (``reward_errors``), never dropped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+from trl_gptoss.evaluation.metrics import accuracy_metrics
+
+CORRECT_REWARD = 1.0
+
+
+@dataclass
+class Grader:
+    """How one task's samples are graded: ``reward`` (TRL's signature, called with one completion and the
+    row's columns) and, for maj@k, ``answer(text) -> str | None`` with ``same(a, b)`` (None: no final answers
+    to vote on)."""
+
+    task: str
+    reward: Callable[..., list]
+    answer: Callable[[str], object] | None = None
+    same: Callable[[object, object], bool] | None = None
+
+
+@dataclass
+class ProblemResult:
+    """One problem's ``k`` samples (lists aligned by sample)."""
+
+    task: str
+    problem: int  # the row's index in the evaluation set
+    prompt: object
+    final_answers: list = field(default_factory=list)
+    answers: list = field(default_factory=list)  # what the task's extractor read (maj@k votes)
+    rewards: list = field(default_factory=list)
+    correct: list = field(default_factory=list)
+    tool_calls: list = field(default_factory=list)
+    turns: list = field(default_factory=list)
+    stop_reasons: list = field(default_factory=list)
+    reward_errors: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def evaluate_rows(sample, rows: Sequence[dict], graders: dict[str, Grader], k: int, default_task: str) -> list:
+    """``rows``: dicts with a ``prompt`` and the reward's ground-truth columns (and optionally ``task``, naming a
+    grader; else ``default_task``). Returns one ``ProblemResult`` per row, in order."""
+    if k < 1:
+        raise ValueError(f"k (samples per problem) must be >= 1, got {k}")
+    prompts = [row["prompt"] for row in rows for _ in range(k)]
+    rollouts = sample(prompts) if prompts else []
+    if len(rollouts) != len(prompts):
+        raise RuntimeError(f"the sampler returned {len(rollouts)} rollouts for {len(prompts)} prompts")
+    results = []
+    for index, row in enumerate(rows):
+        task = row.get("task") or default_task
+        if task not in graders:
+            raise ValueError(f"evaluation row {index} names task {task!r}; graders exist for {sorted(graders)}")
+        result = ProblemResult(task=task, problem=row.get("problem", index), prompt=row["prompt"])
+        for rollout in rollouts[index * k : (index + 1) * k]:
+            _grade(result, rollout, row, graders[task])
+        results.append(result)
+    return results
+
+
+# What a reward function receives beside the row's columns, as in training (``GptOssGRPOTrainer``'s columns).
+ROLLOUT_FIELDS = ("final_answer", "messages", "num_turns", "num_tool_calls", "num_tool_errors", "stop_reason")
+
+
+def _grade(result: ProblemResult, rollout, row: dict, grader: Grader) -> None:
+    text = rollout.final_answer or ""
+    columns = {name: [value] for name, value in row.items() if name not in ("prompt", "task", "problem")}
+    columns.update({name: [getattr(rollout, name)] for name in ROLLOUT_FIELDS})
+    completion = [[{"role": "assistant", "content": text}]]
+    try:
+        (reward,) = grader.reward(
+            prompts=[row["prompt"]], completions=completion, completion_ids=[rollout.completion_ids], **columns
+        )
+        error = None
+    except Exception as exc:  # a crashing reward makes this sample wrong, reported with the problem
+        reward, error = None, f"{type(exc).__name__}: {exc}"
+    result.final_answers.append(rollout.final_answer)
+    result.answers.append(grader.answer(text) if grader.answer is not None and rollout.final_answer else None)
+    result.rewards.append(reward)
+    result.correct.append(reward is not None and reward >= CORRECT_REWARD)
+    result.tool_calls.append(rollout.num_tool_calls)
+    result.turns.append(rollout.num_turns)
+    result.stop_reasons.append(rollout.stop_reason)
+    result.reward_errors.append(error)
+
+
+def summarize(results: Sequence[ProblemResult], graders: dict[str, Grader], seconds: float | None = None) -> dict:
+    """Metrics per task (``<task>/<metric>``) and over all problems (``<metric>``; maj@k only when every task
+    has answers to vote on): accuracy (``accuracy_metrics``), ``reward`` (mean over samples), ``tool_calls`` and
+    ``turns`` per episode, ``truncated`` (share of samples cut by the token budget), ``reward_errors``
+    (samples whose reward raised), ``problems``, ``samples``, ``seconds``."""
+    if not results:
+        raise ValueError("no problems were evaluated")
+    metrics = {}
+    tasks = sorted({r.task for r in results})
+    for task in tasks:
+        mine = [r for r in results if r.task == task]
+        metrics.update({f"{task}/{name}": value for name, value in _metrics(mine, graders[task].same).items()})
+    sames = {graders[t].same for t in tasks}  # over all problems, maj@k needs one answer comparison
+    metrics.update(_metrics(results, sames.pop() if len(sames) == 1 else None))
+    if seconds is not None:
+        metrics["seconds"] = seconds
+    return metrics
+
+
+def _metrics(results: Sequence[ProblemResult], same) -> dict:
+    def flat(name: str) -> list:
+        return [value for r in results for value in getattr(r, name)]
+
+    samples = len(flat("correct"))
+    rewards = [r for r in flat("rewards") if r is not None]
+    metrics = accuracy_metrics(results, same)
+    metrics.update(
+        reward=sum(rewards) / len(rewards) if rewards else float("nan"),
+        tool_calls=sum(flat("tool_calls")) / samples,
+        turns=sum(flat("turns")) / samples,
+        truncated=sum(s == "length" for s in flat("stop_reasons")) / samples,
+        reward_errors=float(sum(e is not None for e in flat("reward_errors"))),
+        problems=float(len(results)),
+        samples=float(samples),
+    )
+    return metrics
+
+
+def timed(function, *args, **kwargs):
+    """``(function(*args, **kwargs), seconds)``."""
+    start = time.perf_counter()
+    value = function(*args, **kwargs)
+    return value, time.perf_counter() - start
