@@ -61,6 +61,12 @@ CORPUS = [
     ("unknown-scheduler", {"lr_scheduler_type": "cosine_but_faster"}, "lr_scheduler_type"),
     ("run-name-number", {"run_name": 2024}, "run_name"),
     ("misspelt-field", {"learning_rat": 1e-5}, "learning_rat"),
+    # numbers that trained into NaN or failed after loading (#32)
+    ("learning-rate-inf", {"learning_rate": float("inf")}, "learning_rate"),
+    ("max-grad-norm-nan", {"max_grad_norm": float("nan")}, "max_grad_norm"),
+    ("seed-negative", {"seed": -1}, "seed"),
+    ("warmstart-learning-rate-inf", {"warmstart_learning_rate": float("inf")}, "warmstart_learning_rate"),
+    ("reward-weights-two-for-one-reward", {"reward_weights": [1.0, 0.5]}, "reward_weights"),
     # precision (a checkpoint path: the embedded model is fp32 and refuses every half type)
     ("fp16-over-bf16-weights", {"model_name_or_path": CHECKPOINT, "fp16": True, "task": "gsm8k"}, "fp16: true"),
 ]
@@ -115,6 +121,36 @@ def test_config_that_is_not_a_mapping_says_so(tmp_path, text, expected):
     path = tmp_path / "shape.yaml"
     path.write_text(text)
     assert expected in _error(["--config", str(path)])
+
+
+def test_a_key_given_twice_is_refused_naming_it_and_both_lines(tmp_path):
+    path = _write_config(tmp_path, {"learning_rate": 1e-6})
+    first = path.read_text().splitlines().index("learning_rate: 1.0e-06") + 1
+    path.write_text(path.read_text() + "learning_rate: 1.0e-5\n")
+    last = len(path.read_text().splitlines())
+    message = _error(["--config", str(path)])
+    assert f"{path}:{last}:1:" in message and f"'learning_rate' is given twice (lines {first} and {last})" in message
+
+
+def test_keys_merged_from_an_anchor_may_be_overridden(tmp_path):
+    path = _write_config(tmp_path, {})
+    path.write_text(path.read_text() + "model_init_kwargs:\n  <<: &kw {dtype: float32}\n  dtype: float32\n")
+    assert parse_job_args(["--config", str(path)])[1].model_init_kwargs == {"dtype": "float32"}
+
+
+def test_a_yaml_alias_bomb_gives_a_short_message_naming_the_key(tmp_path):
+    value = "[lol]"
+    for level in range(8):  # 9**8 = 43 million items from 8 short lines of aliases
+        value = "[" + ", ".join([f"&a{level} {value}"] + [f"*a{level}"] * 8) + "]"
+    path = _write_config(tmp_path, {"tool_names": "BOMB"})
+    path.write_text(path.read_text().replace("tool_names: BOMB", f"tool_names: {value}"))
+    message = _error(["--config", str(path)])
+    assert "tool_names: expands to more than" in message and len(message) < 1000, message[:2000]
+
+
+def test_a_long_value_is_echoed_cut(tmp_path):
+    message = _error(["--config", str(_write_config(tmp_path, {"num_prompts": "x" * 10**6}))])
+    assert "num_prompts" in message and len(message) < 1000, len(message)
 
 
 def test_every_problem_is_reported_at_once(tmp_path):

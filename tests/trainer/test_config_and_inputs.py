@@ -136,6 +136,85 @@ def test_bad_values_fail_at_construction_naming_the_key(fields, key):
         GptOssGRPOConfig("out", use_cpu=True, **fields)
 
 
+# TRL's and transformers' numbers the run relies on: each value was accepted and trained into NaN, silently turned
+# a term off, or failed only after the model loaded (#32).
+INHERITED_NUMBERS = [
+    ("learning-rate-inf", dict(learning_rate=math.inf), "learning_rate"),  # NaN weights after one step
+    ("learning-rate-nan", dict(learning_rate=math.nan), "learning_rate"),
+    ("learning-rate-negative", dict(learning_rate=-1e-5), "learning_rate"),
+    ("weight-decay-nan", dict(weight_decay=math.nan), "weight_decay"),  # 18 of 37 tensors NaN
+    ("weight-decay-negative", dict(weight_decay=-0.1), "weight_decay"),
+    ("epsilon-nan", dict(epsilon=math.nan), "epsilon"),  # loss 0: no policy gradient
+    ("epsilon-0", dict(epsilon=0.0), "epsilon"),
+    ("epsilon-high-nan", dict(epsilon_high=math.nan), "epsilon_high"),
+    ("beta-nan", dict(beta=math.nan), "beta"),
+    ("max-grad-norm-nan", dict(max_grad_norm=math.nan), "max_grad_norm"),  # clipping silently off
+    ("max-grad-norm-negative", dict(max_grad_norm=-1.0), "max_grad_norm"),
+    ("adam-beta1-1.5", dict(adam_beta1=1.5), "adam_beta1"),
+    ("adam-beta2-1", dict(adam_beta2=1.0), "adam_beta2"),
+    ("adam-epsilon-0", dict(adam_epsilon=0.0), "adam_epsilon"),
+    ("batch-size-0", dict(per_device_train_batch_size=0), "per_device_train_batch_size"),
+    ("eval-batch-size-0", dict(per_device_eval_batch_size=0), "per_device_eval_batch_size"),
+    ("gradient-accumulation-0", dict(gradient_accumulation_steps=0), "gradient_accumulation_steps"),
+    ("save-steps-negative", dict(save_steps=-1), "save_steps"),
+    ("save-steps-0", dict(save_steps=0), "save_steps"),
+    ("save-total-limit-negative", dict(save_total_limit=-1), "save_total_limit"),
+    ("logging-steps-negative", dict(logging_steps=-1), "logging_steps"),
+    ("warmup-steps-nan", dict(warmup_steps=math.nan), "warmup_steps"),
+    ("num-train-epochs-nan", dict(num_train_epochs=math.nan), "num_train_epochs"),
+    ("max-steps-negative", dict(max_steps=-5), "max_steps"),
+    ("seed-negative", dict(seed=-1), "seed"),
+    ("seed-beyond-numpy", dict(seed=2**32), "seed"),
+    ("reward-weights-nan", dict(reward_weights=[math.nan]), "reward_weights"),
+    ("reward-weights-text", dict(reward_weights=["1"]), "reward_weights"),
+    ("report-to-unknown", dict(report_to=["wandb_but_better"]), "report_to"),
+    ("max-completion-length-1e12", dict(max_completion_length=10**12), "max_completion_length"),
+    ("rollout-max-model-len-1e12", dict(rollout_max_model_len=10**12), "rollout_max_model_len"),
+]
+
+
+@pytest.mark.parametrize("fields, key", [c[1:] for c in INHERITED_NUMBERS], ids=[c[0] for c in INHERITED_NUMBERS])
+def test_inherited_numbers_out_of_range_fail_at_construction_naming_the_key(fields, key):
+    with pytest.raises(ValueError, match=rf"\b{key}\b"):
+        GptOssGRPOConfig("out", use_cpu=True, **fields)
+
+
+def test_report_to_an_integration_that_is_not_installed_is_refused():
+    from transformers.integrations import get_available_reporting_integrations
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    installed = set(get_available_reporting_integrations()) | {"kubeflow", "flyte"}
+    absent = sorted(set(INTEGRATION_TO_CALLBACK) - installed)
+    if not absent:
+        pytest.skip("every reporting integration transformers knows is installed here")
+    with pytest.raises(ValueError, match=f"report_to names \\['{absent[0]}'\\], not installed here"):
+        GptOssGRPOConfig("out", use_cpu=True, report_to=[absent[0]])
+
+
+def test_inherited_numbers_at_their_edges_are_accepted():
+    edges = GptOssGRPOConfig(
+        "out",
+        use_cpu=True,
+        max_grad_norm=math.inf,  # no clipping, grad_norm still logged
+        weight_decay=0.0,
+        adam_beta1=0.0,
+        save_total_limit=0,
+        save_strategy="no",
+        save_steps=0,
+        seed=2**32 - 1,
+        reward_weights=[0.5],
+        max_completion_length=131_072,
+        report_to="none",
+    )
+    assert edges.max_grad_norm == math.inf and edges.report_to == []
+
+
+def test_echoed_values_are_cut_to_a_line():
+    with pytest.raises(ValueError) as info:
+        GptOssGRPOConfig("out", use_cpu=True, tool_names=[["x" * 10**6] * 10**3])
+    assert "tool_names" in str(info.value) and len(str(info.value)) < 500, len(str(info.value))
+
+
 def test_server_url_list_is_kept_and_a_string_becomes_one():
     one = GptOssGRPOConfig("out", use_cpu=True, rollout_server_url="http://127.0.0.1:8000")
     two = GptOssGRPOConfig("out", use_cpu=True, rollout_server_url=["http://a:1", "https://b:2/v"])

@@ -120,4 +120,6 @@ def _show(value) -> str:
         return "null"
     if isinstance(value, bool):
         return str(value).lower()
-    return repr(value)
+    from trl_gptoss.trainer.fields import shown
+
+    return shown(value)  # cut to a line: the value may be a megabyte string

@@ -8,6 +8,7 @@ Every problem names the key and what to change; all of them are reported at once
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -57,8 +58,9 @@ def _job_field_problems(job: JobArguments) -> list[str]:
     if not 0.0 <= job.warmstart_tool_fraction <= 1.0:
         problems.append(f"warmstart_tool_fraction={job.warmstart_tool_fraction!r}: give a fraction in [0, 1]")
     for name in ("warmstart_learning_rate", "lora_alpha"):
-        if not getattr(job, name) > 0:
-            problems.append(f"{name}={getattr(job, name)!r}: give a number > 0")
+        value = getattr(job, name)
+        if not (_is_number(value) and math.isfinite(value) and value > 0):  # .inf trains the warm-start into NaN
+            problems.append(f"{name}={value!r}: give a finite number > 0")
     if not 0.0 <= job.lora_dropout < 1.0:
         problems.append(f"lora_dropout={job.lora_dropout!r}: give a probability in [0, 1)")
     modules = job.lora_target_modules
@@ -87,6 +89,10 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _task_problems(job: JobArguments, training) -> list[str]:
     task = TASKS.get(job.task) if isinstance(job.task, str) else None
     if task is None:
@@ -98,6 +104,12 @@ def _task_problems(job: JobArguments, training) -> list[str]:
         problems.append(
             f"task={job.task!r} is generated, not downloaded: drop dataset_source=hub or pick a task with a Hub "
             f"dataset ({', '.join(name for name, t in TASKS.items() if t.hub is not None)})"
+        )
+    weights = training.reward_weights
+    if weights is not None and len(weights) != 1:  # the job trains on the task's one reward function
+        problems.append(
+            f"reward_weights has {len(weights)} weights, but task={job.task!r} has one reward function: give one "
+            "weight (reward_weights: [1.0]) or drop reward_weights"
         )
     missing = [tool for tool in task.tools if tool not in (training.tool_names or [])]
     if missing:

@@ -43,8 +43,71 @@ def _unknown_field_message(error: str, known: list[str]) -> str:
     )
 
 
+# Items a config value may expand to (aliases counted each time they are used): real configs hold a few dozen;
+# a YAML alias bomb of a few lines expands to hundreds of millions, which every later check and message would walk.
+MOST_ITEMS = 10_000
+# Characters an error message may have: a value it echoes is cut well before this; the rest is a safety net.
+MOST_MESSAGE_CHARS = 8_000
+
+
+def _unique_key_loader():
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last silently).
+        Keys merged in with ``<<: *anchor`` may be overridden, as YAML intends."""
+
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                lines: dict = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        first = lines.setdefault(key, key_node.start_mark.line + 1)
+                    except TypeError:  # an unhashable key: the parent's construct_mapping says so
+                        continue
+                    if first != key_node.start_mark.line + 1:
+                        raise yaml.constructor.ConstructorError(
+                            None,
+                            None,
+                            f"{key!r} is given twice (lines {first} and {key_node.start_mark.line + 1}), and only the "
+                            "last would count; keep one",
+                            key_node.start_mark,
+                        )
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeyLoader
+
+
+def _expands_beyond(value, most: int) -> bool:
+    """Whether ``value`` holds more than ``most`` items, counting a list or mapping each time it is reached
+    (a recursive value never ends, so it is over any bound)."""
+    stack, seen = [value], 0
+    while stack:
+        seen += 1
+        if seen > most:
+            return True
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return False
+
+
+def bounded(message: str, most: int = MOST_MESSAGE_CHARS) -> str:
+    """``message`` cut to ``most`` characters, saying how many were left out."""
+    if len(message) <= most:
+        return message
+    return f"{message[:most]}... ({len(message) - most} more characters left out)"
+
+
 def read_config(path: str) -> dict:
-    """The YAML mapping at ``path``; ``SystemExit`` naming the file, the line and what is wrong."""
+    """The YAML mapping at ``path``; ``SystemExit`` naming the file, the line and what is wrong -- invalid YAML, a
+    key given twice, a value that expands to more than ``MOST_ITEMS`` items (a YAML alias bomb)."""
     import yaml
 
     if not os.path.isfile(path):
@@ -54,7 +117,7 @@ def read_config(path: str) -> dict:
         )
     try:
         with open(path, encoding="utf-8") as f:
-            config = yaml.safe_load(f)
+            config = yaml.load(f, Loader=_unique_key_loader())  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
@@ -68,6 +131,11 @@ def read_config(path: str) -> dict:
         raise SystemExit(
             f"error: {path}: the config must be a YAML mapping of `field: value` lines, got a {type(config).__name__}"
         )
+    if too_large := [key for key, value in config.items() if _expands_beyond(value, MOST_ITEMS)]:
+        raise SystemExit(
+            f"error: {path}: {bounded(', '.join(map(str, too_large)), 200)}: expands to more than {MOST_ITEMS} "
+            "items (YAML aliases repeating one another, or a value that contains itself); write the value out"
+        )
     if not isinstance(config.get("env", {}), dict):
         raise SystemExit(f"error: {path}: env: give a mapping of environment variables (`env: {{NAME: value}}`)")
     return config
@@ -76,10 +144,20 @@ def read_config(path: str) -> dict:
 def parse_job_args(argv: list[str] | None, *, check: bool = True):
     """``(JobArguments, GptOssGRPOConfig)`` from ``--config x.yaml`` and ``--field value`` overrides.
 
-    Every error is a ``SystemExit`` naming the key: invalid YAML, a value of the wrong type, an unknown field
-    (with the closest known names), a value ``GptOssGRPOConfig`` refuses, and -- unless ``check=False`` --
-    what ``check_job`` refuses (job fields, combinations, paths and the vLLM install on this machine).
+    Every error is a ``SystemExit`` naming the key: invalid YAML or a key given twice, a value of the wrong type,
+    an unknown field (with the closest known names), a value ``GptOssGRPOConfig`` refuses, and -- unless
+    ``check=False`` -- what ``check_job`` refuses (job fields, combinations, paths and the vLLM install on this
+    machine). A message is at most ``MOST_MESSAGE_CHARS`` long, whatever value it echoes.
     """
+    try:
+        return _parse_job_args(argv, check)
+    except SystemExit as exc:
+        if isinstance(exc.code, str) and len(exc.code) > MOST_MESSAGE_CHARS:
+            raise SystemExit(bounded(exc.code)) from None
+        raise
+
+
+def _parse_job_args(argv: list[str] | None, check: bool):
     import sys
 
     from trl import TrlParser
