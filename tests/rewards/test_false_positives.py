@@ -57,6 +57,26 @@ DIFFERENT = [
     ("1.000", "1000"),
     ("1,0", "10"),
 ]
+# A magnitude, number, fraction or operation word after a number changes it: it is not a unit.
+CHANGED_BY_THE_WORD = [
+    ("5 thousand", "5"),
+    ("5 million", "5"),
+    ("2 billion", "2"),
+    ("3 hundred", "3"),
+    ("4 dozen", "4"),
+    ("3 halves", "3"),
+    ("5 squared", "5"),
+    ("2 cubed", "2"),
+    ("6 factorial", "6"),
+    ("5 tenths", "5"),
+    ("9 inverse", "9"),
+    ("7 Thousand", "7"),
+    ("2 zillion", "2"),
+    ("3 trillionths", "3"),
+    ("5 square", "5"),
+    ("8 reciprocal", "8"),
+    ("1.5 thousands", "1.5"),
+]
 SAME = [
     ("333333.7", "1000001/3"),  # 1000001/3 rounded at the answer's own precision
     ("0.3333333", "1/3"),
@@ -92,6 +112,15 @@ SAME = [
 def test_different_answers_never_match(prediction, truth):
     assert not answers_match(prediction, truth)
     assert not answers_match(truth, prediction)
+
+
+@pytest.mark.parametrize("answer, truth", CHANGED_BY_THE_WORD, ids=[a for a, _ in CHANGED_BY_THE_WORD])
+def test_a_magnitude_or_operation_word_is_not_a_unit(answer, truth):
+    assert not answers_match(answer, truth)
+    assert retool_reward([f"So \\boxed{{{answer}}}"], answer=[truth]) == [-1.0]
+    assert gsm8k_reward([f"#### {answer}"], answer=[f"#### {truth}"]) == [0.0]
+    assert gsm8k_reward([f"The answer is {answer}."], answer=[f"#### {truth}"]) == [0.0]
+    assert answers_match(f"{truth} apples", truth), "a word that names what is counted stays a unit"
 
 
 @pytest.mark.parametrize("prediction, truth", SAME, ids=[f"{p} vs {t}" for p, t in SAME])

@@ -5,6 +5,12 @@ Counts accept ``min``/``max`` bounds (inclusive) or ``exactly``. ``validate_cons
 constraint's parameters once (the data loaders call it when a dataset is loaded) and raises ``ValueError``
 naming the field to change; a valid constraint's checker then never raises for any text and runs in time
 linear in its length (every regex below is anchored so that no run of one character is rescanned).
+
+Checkers read what a reader sees (``normalize.py``): ``CHECKERS[KIND]`` first applies ``visible_text`` (NFKC,
+format characters removed), and the functions below assume it was applied. Words are runs of letters and
+digits (``_`` separates them); letter case is the Unicode category (``Lu``/``Lt`` upper, ``Ll`` lower); a
+forbidden keyword and an upper bound on a count also see look-alike letters folded to Latin ones, while a
+keyword that must appear, or a lower bound, counts real letters only.
 """
 
 from __future__ import annotations
@@ -13,9 +19,12 @@ import functools
 import inspect
 import json
 import re
+import unicodedata
 from collections.abc import Callable
 
-_WORD = re.compile(r"\w+(?:['-]++\w+)*")  # "don't", "three-four" are one word each
+from trl_gptoss.rewards.normalize import COMMAS, fold_lookalikes, visible_text
+
+_WORD = re.compile(r"[^\W_]+(?:['-]++[^\W_]+)*")  # "don't", "three-four" are one word each; "a_b" is two
 _SENTENCE_END = re.compile(r"[.!?](?![.!?])(?=\s|$)")  # the last mark of a run: linear on "....."
 _BULLET = re.compile(r"^[ \t]*[*\-+•][ \t]+\S", re.MULTILINE)  # [ \t], not \s: \s would span blank lines
 _HEADING = re.compile(r"^[ \t]{0,3}#{1,6}[ \t]+\S", re.MULTILINE)
@@ -31,7 +40,7 @@ def _within(count: int, min=None, max=None, exactly=None) -> bool:
 
 
 def word_count(text: str, **bounds) -> bool:
-    """Number of words (``\\w``, apostrophes and hyphens inside words) within the bounds."""
+    """Number of words (letters and digits, apostrophes and hyphens inside words) within the bounds."""
     return _within(len(_WORD.findall(text)), **bounds)
 
 
@@ -58,7 +67,7 @@ def _keyword_pattern(keyword: str) -> re.Pattern:
     """``keyword`` as a whole word in LOWERCASED text. The literal comes first so the regex engine scans
     for it at C speed; the "no word character before it" check is a lookbehind placed after it."""
     literal = re.escape(keyword.lower())
-    return re.compile(rf"{literal}(?<!\w{literal})(?!\w)")
+    return re.compile(rf"{literal}(?<![^\W_]{literal})(?![^\W_])")
 
 
 @functools.lru_cache(maxsize=256)
@@ -66,27 +75,42 @@ def _line_start_pattern(prefix: str, then: str = "") -> re.Pattern:
     return re.compile(rf"^[ \t]*{re.escape(prefix)}{then}", re.MULTILINE | re.IGNORECASE)
 
 
+def _within_both(written: int, folded: int, min=None, max=None, exactly=None) -> bool:
+    """A lower bound met by what is written, an upper bound by what it looks like (look-alikes folded)."""
+    if exactly is not None:
+        return written == folded == exactly
+    return _within(written, min=min) and _within(folded, max=max)
+
+
 def keywords_present(text: str, keywords: list[str]) -> bool:
-    """Every keyword appears as a whole word/phrase (case-insensitive)."""
+    """Every keyword appears as a whole word/phrase (case-insensitive), in real letters."""
     lowered = text.lower()
-    return all(_keyword_pattern(k).search(lowered) for k in keywords)
+    return all(_keyword_pattern(visible_text(k)).search(lowered) for k in keywords)
 
 
 def keywords_forbidden(text: str, keywords: list[str]) -> bool:
-    """No keyword appears as a whole word/phrase (case-insensitive): ``cat`` does not forbid ``category``."""
-    lowered = text.lower()
-    return not any(_keyword_pattern(k).search(lowered) for k in keywords)
+    """No keyword appears as a whole word/phrase (case-insensitive, look-alike letters folded): ``cat`` does
+    not forbid ``category``; ``саt`` (Cyrillic ``с``, ``а``) and ``c_a_t`` are not ``cat``, ``the_cat`` is."""
+    folded = fold_lookalikes(text).lower()
+    return not any(_keyword_pattern(fold_lookalikes(visible_text(k))).search(folded) for k in keywords)
 
 
 def keyword_frequency(text: str, keyword: str, **bounds) -> bool:
-    return _within(len(_keyword_pattern(keyword).findall(text.lower())), **bounds)
+    """Whole-word occurrences of ``keyword`` (case-insensitive) within the bounds."""
+    keyword = visible_text(keyword)
+    written = len(_keyword_pattern(keyword).findall(text.lower()))
+    folded = len(_keyword_pattern(fold_lookalikes(keyword)).findall(fold_lookalikes(text).lower()))
+    return _within_both(written, folded, **bounds)
 
 
 def letter_frequency(text: str, letter: str, **bounds) -> bool:
     """Occurrences of one letter, case-insensitive."""
     if len(letter) != 1:
         raise ValueError(f"letter_frequency: 'letter' must be one character, got {letter!r}.")
-    return _within(text.lower().count(letter.lower()), **bounds)
+    letter = visible_text(letter).lower()
+    written = text.lower().count(letter)
+    folded = fold_lookalikes(text).lower().count(fold_lookalikes(letter))
+    return _within_both(written, folded, **bounds)
 
 
 def _unfence(text: str) -> str:
@@ -128,32 +152,54 @@ def placeholders(text: str, **bounds) -> bool:
     return _within(len(_PLACEHOLDER.findall(text)), **bounds)
 
 
+def _has_case(text: str, wanted: str, refused: tuple[str, ...]) -> bool:
+    """Some letter of category ``wanted`` and none of ``refused``."""
+    found = False
+    for ch in text:
+        category = unicodedata.category(ch)
+        if category in refused:
+            return False
+        found = found or category == wanted
+    return found
+
+
 def all_lowercase(text: str) -> bool:
-    return text == text.lower() and any(c.isalpha() for c in text)
+    """Cased letters only lowercase (``Ll``), at least one; no ``Lu``/``Lt`` letter in any script or font."""
+    if text.isascii():
+        return text.islower()
+    return _has_case(text, "Ll", ("Lu", "Lt"))
 
 
 def all_uppercase(text: str) -> bool:
-    return text == text.upper() and any(c.isalpha() for c in text)
+    """Cased letters only uppercase (``Lu``), at least one; no ``Ll``/``Lt`` letter in any script or font."""
+    if text.isascii():
+        return text.isupper()
+    return _has_case(text, "Lu", ("Ll", "Lt"))
 
 
 def capital_words(text: str, **bounds) -> bool:
     """Words written fully in capitals (at least two letters: ``I`` and ``A`` do not count)."""
     candidates = " ".join(token for token in text.split() if not token.islower())  # skip lowercase tokens fast
-    return _within(sum(1 for w in _WORD.findall(candidates) if len(w) > 1 and w.isupper()), **bounds)
+    return _within(sum(1 for w in _WORD.findall(candidates) if len(w) > 1 and _is_capitals(w)), **bounds)
+
+
+def _is_capitals(word: str) -> bool:
+    return word.isupper() if word.isascii() else _has_case(word, "Lu", ("Ll", "Lt"))
 
 
 def starts_with(text: str, phrase: str) -> bool:
     """Starts with ``phrase`` (case-insensitive, leading whitespace ignored)."""
-    return text.strip().lower().startswith(phrase.strip().lower())
+    return text.strip().lower().startswith(visible_text(phrase).strip().lower())
 
 
 def ends_with(text: str, phrase: str) -> bool:
     """Ends with ``phrase`` exactly, nothing after it but whitespace (case-insensitive)."""
-    return text.strip().lower().endswith(phrase.strip().lower())
+    return text.strip().lower().endswith(visible_text(phrase).strip().lower())
 
 
 def no_commas(text: str) -> bool:
-    return "," not in text and "\uff0c" not in text
+    """No comma, nor anything that reads as one (``‚`` U+201A, ``、``, ``،``; NFKC already made ``，`` a comma)."""
+    return not any(comma in text for comma in COMMAS)
 
 
 def wrapped_in_quotes(text: str) -> bool:
@@ -176,8 +222,18 @@ def section_count(text: str, splitter: str = "Section", **bounds) -> bool:
     return _within(len(_line_start_pattern(splitter, r"[ \t]+\d").findall(text)), **bounds)
 
 
+def _on_visible_text(check: Callable[..., bool]) -> Callable[..., bool]:
+    """``check`` applied to what a reader sees (``visible_text``); same name, signature and docstring."""
+
+    @functools.wraps(check)
+    def checker(text: str, **params) -> bool:
+        return check(visible_text(text), **params)
+
+    return checker
+
+
 CHECKERS: dict[str, Callable[..., bool]] = {
-    f.__name__: f
+    f.__name__: _on_visible_text(f)
     for f in (
         word_count,
         sentence_count,

@@ -58,6 +58,20 @@ NOT_UNITS = _words(
     "less more least most unless except without instead otherwise else unknown undefined wait hmm "
     "actually guess"
 )
+# Nor is a word that changes the number: a magnitude (``5 thousand`` is 5000, ``4 dozen`` 48), a number or a
+# fraction word (``3 halves``, ``5 tenths``, ``2 twelfths``) or an operation (``5 squared``, ``6 factorial``,
+# ``9 inverse``). A word ending in "illion(s)" or "illionth(s)" is a magnitude too (``2 zillion``).
+_NUMBER_WORD_STEMS = _words(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred thousand "
+    "half halves third fourth quarter fifth sixth seventh eighth ninth tenth eleventh twelfth thirteenth "
+    "fourteenth fifteenth sixteenth seventeenth eighteenth nineteenth twentieth thirtieth fortieth fiftieth "
+    "sixtieth seventieth eightieth ninetieth hundredth thousandth dozen score gross grand thou lakh crore myriad "
+    "mil mln bln squared cubed square cube cubic factorial inverse reciprocal root sqrt power exponent fold "
+    "negative positive point mod modulo choose percentile"
+)
+NUMBER_WORDS = _NUMBER_WORD_STEMS | {w + "s" for w in _NUMBER_WORD_STEMS}  # and their plurals
+_ILLION = re.compile(r"[a-z]*illion(?:th)?s?")
 
 
 @dataclass(frozen=True)
@@ -120,7 +134,16 @@ def read_number(text) -> WrittenNumber | None:
 def _is_unit(word: str | None, spaced: bool) -> bool:
     if word is None:  # a degree sign
         return True
-    return word in _UNIT_SYMBOLS or (spaced and len(word) >= 3 and word.lower() not in NOT_UNITS)
+    if word in _UNIT_SYMBOLS:
+        return True
+    lowered = word.lower()
+    return (
+        spaced
+        and len(word) >= 3
+        and lowered not in NOT_UNITS
+        and lowered not in NUMBER_WORDS
+        and not _ILLION.fullmatch(lowered)
+    )
 
 
 def _closing(s: str) -> int:

@@ -1,0 +1,158 @@
+"""A disguise must not change a verdict: magnitude words after a number, invisible and look-alike characters.
+
+Each property draws generated variants of one false positive that an earlier version paid (issue #32,
+finding 2) and states that no variant is paid now.
+"""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trl_gptoss.rewards import answers_match, check_constraint, gsm8k_reward, retool_reward
+from trl_gptoss.rewards.normalize import COMMAS
+
+_SETTINGS = dict(deadline=None, derandomize=True, database=None)
+
+
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
+# ---- a word after a number that changes it -----------------------------------------------------------------
+_CHANGING_WORDS = _words(
+    "hundred thousand million billion trillion quadrillion zillion dozen score gross grand lakh crore half "
+    "halves third quarter fifth tenth twelfth hundredth thousandth millionth squared cubed square cube factorial "
+    "inverse reciprocal root power fold"
+)
+
+
+@settings(max_examples=300, **_SETTINGS)
+@given(
+    st.integers(1, 10**6),
+    st.sampled_from(_CHANGING_WORDS),
+    st.booleans(),
+    st.sampled_from([str.lower, str.upper, str.title]),
+)
+def test_property_a_changing_word_never_matches_the_bare_number(number, word, plural, case):
+    word = case(word + ("s" if plural and not word.endswith("s") else ""))
+    answer = f"{number:,} {word}" if number % 2 else f"{number} {word}"
+    assert not answers_match(answer, str(number)), answer
+    assert retool_reward([f"\\boxed{{{answer}}}"], answer=[str(number)]) == [-1.0], answer
+    assert gsm8k_reward([f"#### {answer}"], answer=[f"#### {number}"]) == [0.0], answer
+    assert gsm8k_reward([f"The answer is {answer}."], answer=[f"#### {number}"]) == [0.0], answer
+
+
+# ---- VerifyIf: what a reader sees ---------------------------------------------------------------------------
+_INVISIBLE = ["\u200b", "\u00ad", "\u2060", "\ufeff", "\u200c", "\u200d", "\u034f", "\ufe0f", "\u2066", "\u180e"]
+_CYRILLIC = dict(zip("aceopxyijsABCEHKMOPTXY", "асеорхуіјѕАВСЕНКМОРТХУ"))
+
+
+def _disguises(letter: str) -> list[str]:
+    """Ways to write ``letter`` that read as it: itself, full-width, mathematical bold/italic/double-struck,
+    a Cyrillic look-alike."""
+    forms = [letter, chr(ord(letter) + 0xFEE0)]
+    if letter.isupper():
+        forms += [chr(0x1D400 + ord(letter) - 65), chr(0x1D434 + ord(letter) - 65)]
+    else:
+        forms += [chr(0x1D41A + ord(letter) - 97), chr(0x1D552 + ord(letter) - 97)]
+    return forms + ([_CYRILLIC[letter]] if letter in _CYRILLIC else [])
+
+
+@st.composite
+def _disguised(draw, word: str, cyrillic: bool = True) -> str:
+    out = []
+    for letter in word:
+        forms = _disguises(letter)
+        if not cyrillic and letter in _CYRILLIC:
+            forms = forms[:-1]
+        out.append(draw(st.sampled_from(forms)))
+        out.append(draw(st.sampled_from(["", "", *_INVISIBLE])))
+    return "".join(out[:-1])
+
+
+_FILLER = st.lists(st.sampled_from(_words("the a dog ran over hill and far away")), max_size=6).map(" ".join)
+_KEYWORDS = ["cat", "money", "secret", "paper", "apex"]
+
+
+@settings(max_examples=300, **_SETTINGS)
+@given(st.sampled_from(_KEYWORDS), st.data())
+def test_property_a_disguised_forbidden_keyword_is_still_forbidden(keyword, data):
+    shown = data.draw(_disguised(keyword))
+    text = f"{data.draw(_FILLER)} {shown} {data.draw(_FILLER)}"
+    assert not check_constraint(text, {"type": "keywords_forbidden", "keywords": [keyword]}), ascii(text)
+    assert not check_constraint(text, {"type": "keyword_frequency", "keyword": keyword, "max": 0}), ascii(text)
+
+
+@settings(max_examples=200, **_SETTINGS)
+@given(st.sampled_from(_KEYWORDS), st.data())
+def test_property_a_keyword_must_be_present_in_letters_that_read_as_it(keyword, data):
+    """Full-width, bold and invisible characters still show the keyword; a Cyrillic look-alike never earns it."""
+    shown = data.draw(_disguised(keyword, cyrillic=False))
+    text = f"{data.draw(_FILLER)} {shown}."
+    assert check_constraint(text, {"type": "keywords_present", "keywords": [keyword]}), ascii(text)
+    fake = shown.replace(keyword[0], _CYRILLIC.get(keyword[0], keyword[0]))
+    if fake != shown:
+        assert not check_constraint(fake, {"type": "keywords_present", "keywords": [keyword]}), ascii(fake)
+
+
+@settings(max_examples=300, **_SETTINGS)
+@given(st.text("abcdefghij ", min_size=1, max_size=30), st.data())
+def test_property_one_disguised_capital_breaks_all_lowercase(text, data):
+    capital = data.draw(st.sampled_from("ABCDEHKMOPTXY"))
+    position = data.draw(st.integers(0, len(text)))
+    shown = data.draw(_disguised(capital, cyrillic=data.draw(st.booleans())))
+    mixed = text[:position] + shown + text[position:]
+    assert not check_constraint(mixed, {"type": "all_lowercase"}), ascii(mixed)
+    upper = mixed.upper().replace(shown.upper(), data.draw(_disguised(capital.lower())))
+    assert not check_constraint(upper, {"type": "all_uppercase"}), ascii(upper)
+
+
+@settings(max_examples=200, **_SETTINGS)
+@given(st.text("abc def.", max_size=30), st.sampled_from([*COMMAS, "\uff0c", "\ufe50", "\uff64", "\ufe51"]), st.data())
+def test_property_anything_that_reads_as_a_comma_is_a_comma(text, comma, data):
+    position = data.draw(st.integers(0, len(text)))
+    shown = text[:position] + comma + data.draw(st.sampled_from(["", *_INVISIBLE])) + text[position:]
+    assert not check_constraint(shown, {"type": "no_commas"}), ascii(shown)
+
+
+@settings(max_examples=200, **_SETTINGS)
+@given(
+    st.lists(st.sampled_from(_words("alpha beta gamma delta one two")), min_size=1, max_size=12),
+    st.lists(st.sampled_from([" ", "_", "__", " _ ", "\t", "_\u200b"]), min_size=11, max_size=11),
+)
+def test_property_underscores_separate_words(words, joints):
+    text = words[0] + "".join(j + w for j, w in zip(joints, words[1:]))
+    assert check_constraint(text, {"type": "word_count", "exactly": len(words)}), ascii(text)
+
+
+@pytest.mark.parametrize(
+    "text, constraint",
+    [
+        ("the c\u200bat", {"type": "keywords_forbidden", "keywords": ["cat"]}),
+        ("the ca\u00adt", {"type": "keywords_forbidden", "keywords": ["cat"]}),
+        ("the ca\u2060t", {"type": "keywords_forbidden", "keywords": ["cat"]}),
+        ("the \uff43\uff41\uff54", {"type": "keywords_forbidden", "keywords": ["cat"]}),
+        ("the \u0441\u0430t", {"type": "keywords_forbidden", "keywords": ["cat"]}),
+        ("the_cat_sat", {"type": "keywords_forbidden", "keywords": ["cat"]}),
+        ("one\u201a two", {"type": "no_commas"}),
+        ("one\u3001two", {"type": "no_commas"}),
+        ("hello \U0001d416orld", {"type": "all_lowercase"}),
+        ("HELLO \U0001d430", {"type": "all_uppercase"}),
+        ("one_two_three four", {"type": "word_count", "max": 2}),
+    ],
+    ids=[
+        "zero-width-space",
+        "soft-hyphen",
+        "word-joiner",
+        "full-width",
+        "cyrillic",
+        "underscores",
+        "low-9-quote",
+        "ideographic-comma",
+        "bold-capital",
+        "bold-small",
+        "underscored-words",
+    ],
+)
+def test_the_reported_disguises_fail_their_constraint(text, constraint):
+    assert not check_constraint(text, constraint)
