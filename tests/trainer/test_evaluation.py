@@ -1,0 +1,110 @@
+"""``GptOssGRPOTrainer.evaluate``: held-out accuracy through the ``Sampler`` at TRL's ``eval_strategy``.
+
+The taught tiny model answers "4" after 0-2 ``add`` calls; evaluation samples each held-out problem k times, grades
+with the run's own reward (``answer``: "4" right, "5" wrong), and must not disturb training: the training rows of a
+run with evaluation after every step equal those of the same run without it, and with ``max_staleness: 1`` no push
+lands while the background batch samples.
+"""
+
+import pytest
+
+from tests.trainer._workers import time_engine
+from tests.trainer.helpers import SYSTEM, AddTool, answer_reward, grpo_args, load_taught, logged, prompt_dataset
+
+EVAL = dict(
+    eval_strategy="steps", eval_steps=1, eval_on_start=True, num_generations_eval=4, per_device_eval_batch_size=4
+)
+
+
+def _trainer(taught, tokenizer, tmp_path, eval_dataset=None, **overrides):
+    from trl_gptoss.trainer import GptOssGRPOTrainer
+
+    return GptOssGRPOTrainer(
+        load_taught(taught[0]),
+        answer_reward,
+        args=grpo_args(tmp_path, **overrides),
+        train_dataset=prompt_dataset([1, 2, 1, 2, 1, 2]),
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        tools=[AddTool()],
+        rollout_system=SYSTEM,
+    )
+
+
+def _eval_rows(trainer) -> list[dict]:
+    return [h for h in trainer.state.log_history if "eval_mean@4" in h]
+
+
+def _train_rows(trainer) -> list[dict]:
+    return [
+        {k: v for k, v in h.items() if not k.startswith(("timing/", "step_time", "train_"))}
+        for h in trainer.state.log_history
+        if "loss" in h
+    ]
+
+
+def test_evaluation_at_start_and_every_step_grades_held_out_problems_with_the_runs_reward(taught, tokenizer, tmp_path):
+    held_out = prompt_dataset([0, 1, 2], answer="4").add_item(
+        {"prompt": [{"role": "user", "content": "Say four."}], "answer": "5"}
+    )
+    trainer = _trainer(taught, tokenizer, tmp_path, held_out, **EVAL)
+    trainer.train()
+    rows = _eval_rows(trainer)
+    assert [r["eval_weights_step"] for r in rows] == [0.0, 1.0, 2.0]  # on start, then after each step
+    for row in rows:
+        assert row["eval_problems"] == 4 and row["eval_samples"] == 16
+        assert row["eval_pass@1"] == pytest.approx(row["eval_mean@4"])
+        assert row["eval_mean@4"] <= 0.75 + 1e-9  # the problem whose truth is "5" is never right
+        assert row["eval_pass@4"] >= row["eval_mean@4"] and "eval_maj@4" not in row  # own rewards: no votes
+        assert row["eval_tool_calls"] > 0 and row["eval_reward_errors"] == 0.0
+    assert not any(k.startswith("eval_") for row in _train_rows(trainer) for k in row)  # logged apart
+    assert rows[0]["eval_mean@4"] >= 0.5  # taught: the three "4" problems are mostly answered right
+    assert len(trainer.held_out_results) == 4 and trainer.held_out_results[3].correct == [False] * 4
+    trainer.close()
+
+
+def test_a_run_with_evaluation_trains_exactly_as_one_without(taught, tokenizer, tmp_path):
+    held_out = prompt_dataset([1, 2], answer="4")
+    plain = _trainer(taught, tokenizer, tmp_path / "plain")
+    plain.train()
+    evaluated = _trainer(taught, tokenizer, tmp_path / "evaluated", held_out, **EVAL)
+    evaluated.train()
+    assert _train_rows(evaluated) == _train_rows(plain)
+    assert len(_eval_rows(evaluated)) == 3
+    for trainer in (plain, evaluated):
+        trainer.close()
+
+
+@pytest.fixture(scope="module")
+def server(taught):
+    from trl_gptoss.rollout.server import VLLMServer
+
+    with VLLMServer(taught[1], max_model_len=1024) as running:
+        yield running
+
+
+@pytest.mark.vllm
+@pytest.mark.xdist_group("vllm")
+def test_evaluation_between_overlapped_steps_pushes_no_weights_under_a_running_batch(
+    taught, tokenizer, tmp_path, server
+):
+    fields = dict(rollout_backend="vllm_server", rollout_server_url=server.base_url, max_staleness=1, max_steps=3)
+    plain = _trainer(taught, tokenizer, tmp_path / "plain", learning_rate=3e-3, **fields)
+    plain.train()
+    evaluated = _trainer(
+        taught,
+        tokenizer,
+        tmp_path / "evaluated",
+        prompt_dataset([1, 2], answer="4"),
+        learning_rate=3e-3,
+        **fields,
+        **EVAL,
+    )
+    requests, pushes = time_engine(evaluated.sampler.engine, push_delay_s=0.3)
+    evaluated.train()
+    assert [(q, p) for q in requests for p in pushes if q[0] < p[1] and p[0] < q[1]] == []
+    assert logged(evaluated, "rollout/staleness") == [0.0, 1.0, 1.0]  # the background batches kept their place
+    assert _train_rows(evaluated) == _train_rows(plain)
+    assert [r["eval_weights_step"] for r in _eval_rows(evaluated)] == [0.0, 1.0, 2.0, 3.0]
+    for trainer in (plain, evaluated):
+        trainer.close()
