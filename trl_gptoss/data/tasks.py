@@ -63,11 +63,12 @@ class Task:
         path: str | None = None,
         num_prompts: int = 512,
         seed: int = 0,
+        split: str = "train",
     ) -> Dataset:
         """The prompts (TRL conversational ``prompt`` column) and the reward's ground-truth column.
 
         Generated tasks draw ``num_prompts`` problems from ``seed``; the others read ``source`` (default
-        ``"sample"``; see ``load_task_dataset``). ``limit`` keeps the first rows in both cases.
+        ``"sample"``; see ``load_task_dataset``; ``split``: the Hub's). ``limit`` keeps the first rows in both cases.
         """
         if self.generate is not None:
             if source not in (None, "generated"):
@@ -75,7 +76,14 @@ class Task:
             dataset = self.generate(num_prompts, seed)
             return dataset.select(range(min(limit, len(dataset)))) if limit is not None else dataset
         return read_rows(
-            self.name, self.format_row, self.hub, source=source or "sample", limit=limit, hub_id=hub_id, path=path
+            self.name,
+            self.format_row,
+            self.hub,
+            source=source or "sample",
+            split=split,
+            limit=limit,
+            hub_id=hub_id,
+            path=path,
         )
 
 

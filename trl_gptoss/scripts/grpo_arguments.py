@@ -83,4 +83,13 @@ class JobArguments:
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
         metadata={"help": "Module names LoRA adapts (attention by default; see docs/scaling.md for experts)."},
     )
+    eval_problems: int = field(
+        default=0,
+        metadata={
+            "help": "Held-out problems of the task evaluated at eval_strategy / eval_steps / eval_on_start "
+            "(num_generations_eval samples each: mean@k, pass@k, maj@k); 0: no evaluation. Generated tasks draw "
+            "them from a seed of their own, gsm8k from the Hub's test split with dataset_source=hub, the others "
+            "set them aside from the training rows."
+        },
+    )
     plot: bool = field(default=True, metadata={"help": "Write training-curve PNGs to OUTPUT_DIR/plots at the end."})

@@ -1,0 +1,64 @@
+"""The GRPO job's held-out evaluation set: ``eval_problems`` problems of the task, never trained on.
+
+Where they come from is the task table's answer: a generated task draws them from a seed of their own (and drops
+any that equal a training prompt); a Hub task with an ``eval_split`` reads that split; any other task sets the
+last ``eval_problems`` of its rows aside from training. Every row carries ``task`` (its grader). The trainer
+evaluates them at TRL's ``eval_strategy`` / ``eval_steps`` / ``eval_on_start`` (``GptOssGRPOTrainer.evaluate``).
+"""
+
+from __future__ import annotations
+
+from trl_gptoss.data.tasks import TASKS
+
+# Generated held-out problems come from this offset of the training seed.
+EVAL_SEED_OFFSET = 1_000_003
+
+
+def held_out_split(job, training, dataset):
+    """``(train_dataset, eval_dataset)``; ``eval_dataset`` is None when ``eval_problems`` is 0."""
+    if not job.eval_problems:
+        return dataset, None
+    task = TASKS[job.task]
+    if task.generate is not None:
+        drawn = task.load(num_prompts=job.eval_problems, seed=training.seed + EVAL_SEED_OFFSET)
+        seen = {_key(p) for p in dataset["prompt"]}
+        held_out = drawn.filter(lambda row: _key(row["prompt"]) not in seen)
+    elif job.dataset_source == "hub" and task.eval_split is not None:
+        held_out = task.load(source="hub", split=task.eval_split, limit=job.eval_problems, hub_id=job.dataset_name)
+    else:
+        if job.eval_problems >= len(dataset):
+            raise SystemExit(
+                f"error: eval_problems={job.eval_problems} sets aside every one of the {len(dataset)} rows of "
+                f"task={job.task!r}; lower it (the rest is trained on)"
+            )
+        cut = len(dataset) - job.eval_problems
+        held_out, dataset = dataset.select(range(cut, len(dataset))), dataset.select(range(cut))
+    return dataset, held_out.add_column("task", [job.task] * len(held_out))
+
+
+def _key(prompt) -> str:
+    return repr(prompt)
+
+
+def eval_problems(job, training) -> list[str]:
+    """The evaluation settings' problems, for ``check_job`` (before any model loads)."""
+    problems = []
+    count = job.eval_problems
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        return [f"eval_problems={count!r}: give a number of held-out problems >= 0 (0: no evaluation)"]
+    strategy = str(getattr(training.eval_strategy, "value", training.eval_strategy))
+    evaluates = strategy != "no" or training.eval_on_start
+    if count and not evaluates:
+        problems.append(
+            f"eval_problems={count} but nothing evaluates them: set eval_strategy: steps with eval_steps, "
+            "and/or eval_on_start: true"
+        )
+    if evaluates and not count:
+        problems.append(
+            f"eval_strategy={strategy!r} / eval_on_start={training.eval_on_start} evaluate, but eval_problems is 0: "
+            "set eval_problems (held-out problems of the task) or eval_strategy: no"
+        )
+    k = training.num_generations_eval
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        problems.append(f"num_generations_eval={k!r}: give the samples per held-out problem, an integer >= 1")
+    return problems
