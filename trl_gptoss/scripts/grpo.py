@@ -23,6 +23,7 @@ from pathlib import Path
 from trl_gptoss.data.tasks import TASKS
 from trl_gptoss.scripts.grpo_arguments import EMBEDDED_MODEL, JobArguments
 from trl_gptoss.scripts.grpo_checks import check_job, is_complete_checkpoint
+from trl_gptoss.scripts.grpo_eval import held_out_split
 from trl_gptoss.scripts.grpo_parser import parse_job_args
 
 __all__ = [
@@ -197,12 +198,13 @@ def _train(job: JobArguments, training) -> dict:
         else job.model_name_or_path
     )
     _model_init_dtype(job, training)
-    dataset = load_dataset_for(job, seed=training.seed)
+    dataset, eval_dataset = held_out_split(job, training, load_dataset_for(job, seed=training.seed))
     trainer = GptOssGRPOTrainer(
         model=model,
         reward_funcs=[TASKS[job.task].reward],
         args=training,
         train_dataset=dataset,
+        eval_dataset=eval_dataset,
         processing_class=tokenizer,
         peft_config=peft_config(job),
     )

@@ -15,12 +15,13 @@ from pathlib import Path
 
 from trl_gptoss.data.tasks import TASKS
 from trl_gptoss.scripts.grpo_arguments import EMBEDDED_MODEL, JobArguments
+from trl_gptoss.scripts.grpo_eval import eval_problems
 
 
 def check_job(job: JobArguments, training) -> None:
     """Refuse values and combinations that would fail late or train silently wrong, before any model loads."""
     problems = _job_field_problems(job) + _task_problems(job, training) + _path_problems(job, training)
-    problems += _precision_problems(job, training)
+    problems += _precision_problems(job, training) + eval_problems(job, training)
     if job.model_name_or_path == EMBEDDED_MODEL:
         if training.bf16 or training.fp16:
             problems.append("the embedded demo model trains in float32: set bf16: false (and fp16: false)")
