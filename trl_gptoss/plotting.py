@@ -25,8 +25,13 @@ class Panel:
     log_scale: bool = False
 
 
+# Held-out accuracy is logged as eval_mean@k / eval_pass@k with the run's k.
+_KS = tuple(range(1, 129))
+
 PANELS = (
     Panel("reward", "Average reward in a batch", ("reward",)),
+    Panel("eval_accuracy", "Held-out accuracy (mean@k)", tuple(f"eval_mean@{k}" for k in _KS)),
+    Panel("eval_pass_at_k", "Held-out pass@k (largest k)", tuple(f"eval_pass@{k}" for k in reversed(_KS))),
     Panel("grad_norm", "Gradient norm", ("grad_norm",), log_scale=True),
     Panel("entropy", "Average entropy", ("entropy",)),
     Panel("kl", "KL to the reference policy", ("kl",)),

@@ -2,7 +2,9 @@
 
 "Before" and "after" are the mean over the first and the last 20% of GRPO steps (at least one step each) of
 what the trainer logged every step: ``reward``, ``tools/call_frequency`` (tool calls per episode) and the
-train-inference mismatch ``rollout_corr/abs_logp_diff_max`` (its maximum over the whole run).
+train-inference mismatch ``rollout_corr/abs_logp_diff_max`` (its maximum over the whole run). When the run
+evaluated held-out problems, the first and the last evaluation (``eval_*``: mean@k, pass@k, maj@k with their
+standard errors) are the held-out "before" and "after".
 """
 
 from __future__ import annotations
@@ -35,7 +37,33 @@ def summarize(history: list[dict]) -> dict:
         values = series(history, key)[1]
         if values:
             summary[name] = max(values)
+    evaluations = [row for row in history if "eval_problems" in row]
+    if evaluations:
+        summary["eval_first"], summary["eval_last"] = (_held_out(evaluations[i]) for i in (0, -1))
     return summary
+
+
+def _held_out(row: dict) -> dict:
+    """One evaluation's overall accuracy (``eval_<metric>`` without the per-task ones) and its step."""
+    keep = ("mean@", "pass@", "maj@")
+    values = {k.removeprefix("eval_"): v for k, v in row.items() if k.removeprefix("eval_").startswith(keep)}
+    return {"step": int(row.get("eval_weights_step", row.get("step", 0))), "problems": row["eval_problems"], **values}
+
+
+def held_out_lines(summary: dict) -> list[str]:
+    """``metric  before -> after (+- stderr)`` of the first and last evaluation, one line per accuracy metric."""
+    first, last = summary.get("eval_first"), summary.get("eval_last")
+    if not first:
+        return []
+    names = [k for k in first if k.startswith(("mean@", "pass@", "maj@")) and not k.endswith("_stderr")]
+    head = f"held-out ({int(first['problems'])} problems, step {first['step']} -> {last['step']})"
+    lines = [head]
+    lines += [f"  {name:<22} {_with_error(first, name)} -> {_with_error(last, name)}" for name in names]
+    return lines
+
+
+def _with_error(evaluation: dict, name: str) -> str:
+    return f"{evaluation[name]:.3f} +- {evaluation[name + '_stderr']:.3f}"
 
 
 def format_summary(summary: dict, paths: dict) -> str:
@@ -50,6 +78,7 @@ def format_summary(summary: dict, paths: dict) -> str:
         f"tool calls per episode   {pair('tool_calls_per_episode')}",
         f"max |logp_train - logp_rollout| over the run: {summary.get('max_abs_logp_diff', float('nan')):.2e}",
         f"max |PPO ratio - 1| over the run:            {summary.get('max_ratio_dev', float('nan')):.2e}",
+        *held_out_lines(summary),
     ]
     lines += [f"{name:<24} {path}" for name, path in paths.items()]
     lines.append("=" * 78)
@@ -100,7 +129,19 @@ def _append_run_section(card: Path, trainer, summary: dict, base: str) -> None:
             )
     if "max_abs_logp_diff" in summary:
         lines.append(f"- max |log p_train - log p_rollout| over the run: {summary['max_abs_logp_diff']:.2e}")
+    lines += _held_out_table(summary)
     card.write_text(card.read_text() + "\n".join(lines) + "\n")
+
+
+def _held_out_table(summary: dict) -> list[str]:
+    """The card's results: held-out accuracy at the first and the last evaluation (mean +- standard error)."""
+    first, last = summary.get("eval_first"), summary.get("eval_last")
+    if not first:
+        return []
+    names = [k for k in first if k.startswith(("mean@", "pass@", "maj@")) and not k.endswith("_stderr")]
+    rows = [f"| {name} | {_with_error(first, name)} | {_with_error(last, name)} |" for name in names]
+    title = f"## Held-out evaluation ({int(first['problems'])} problems)"
+    return ["", title, "", f"| metric | step {first['step']} | step {last['step']} |", "|---|---|---|", *rows, ""]
 
 
 def finish_run(trainer, *, base_model: str | None = None, dataset_name: str | None = None, plot: bool = True) -> dict:
