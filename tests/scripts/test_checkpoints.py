@@ -4,6 +4,8 @@ newest complete one, or starts afresh when there is none."""
 import json
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from trl_gptoss.demo.paths import embedded_default_config
 from trl_gptoss.scripts.grpo import parse_job_args, resume_checkpoint, set_aside_incomplete_checkpoints
@@ -12,7 +14,7 @@ from trl_gptoss.scripts.grpo import parse_job_args, resume_checkpoint, set_aside
 def _checkpoint(root, step, state="complete"):
     path = root / f"checkpoint-{step}"
     path.mkdir(parents=True)
-    (path / "model.safetensors").write_bytes(b"weights")
+    save_file({"w": torch.zeros(2)}, path / "model.safetensors")
     if state == "complete":
         (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
     elif state == "truncated":  # killed while the state itself was being written
@@ -50,7 +52,9 @@ def test_an_explicit_checkpoint_is_used_as_given_and_must_be_whole(tmp_path):
     whole = _checkpoint(out, 5)
     assert resume_checkpoint(_training(out, str(whole))) == str(whole)
     partial = _checkpoint(out, 6, state="truncated")
-    with pytest.raises(SystemExit, match="resume_from_checkpoint=.*checkpoint-6' is incomplete"):
+    with pytest.raises(
+        SystemExit, match="checkpoint-6' cannot be resumed from: .*checkpoint-6/trainer_state.json is not"
+    ):
         _training(out, str(partial))
 
 

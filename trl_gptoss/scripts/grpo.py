@@ -12,19 +12,23 @@ start sets aside checkpoints cut off during their save (``incomplete-checkpoint-
 
 from __future__ import annotations
 
-import contextlib
+import json
 import logging
-import re
-import shutil
 import signal
-import threading
 from pathlib import Path
 
 from trl_gptoss.data.tasks import TASKS
 from trl_gptoss.scripts.grpo_arguments import EMBEDDED_MODEL, JobArguments
-from trl_gptoss.scripts.grpo_checks import check_job, is_complete_checkpoint
+from trl_gptoss.scripts.grpo_checks import check_job
 from trl_gptoss.scripts.grpo_eval import held_out_split
 from trl_gptoss.scripts.grpo_parser import parse_job_args
+from trl_gptoss.trainer.resume import (
+    STATE_FILE,
+    Terminated,
+    beyond_max_steps,
+    set_aside_incomplete_checkpoints,
+    sigterm_as_interrupt,
+)
 
 __all__ = [
     "EMBEDDED_MODEL",
@@ -107,34 +111,13 @@ def _model_init_dtype(job: JobArguments, training) -> None:
         training.model_init_kwargs = init
 
 
-def set_aside_incomplete_checkpoints(output_dir) -> list[Path]:
-    """Rename ``checkpoint-N`` folders without a readable ``trainer_state.json`` to ``incomplete-checkpoint-N``.
-
-    The Trainer writes a checkpoint in place and ``trainer_state.json`` last, so a run stopped during a save
-    (Ctrl-C, SIGTERM, SIGKILL, a crash) leaves a partial ``checkpoint-N``, which ``resume_from_checkpoint``
-    ``latest`` would pick (and fail to load) as the newest. Renamed, it no longer starts with ``checkpoint-``:
-    ``latest`` finds the newest complete checkpoint, and the Trainer's ``save_total_limit`` rotation (which
-    reads any ``checkpoint-<digits>...`` name as that step) can neither count it nor delete a whole checkpoint
-    in its place. A stale ``incomplete-checkpoint-N`` from an earlier interrupted save of the same step is
-    replaced.
-    """
-    moved = []
-    for path in sorted(Path(output_dir).glob("checkpoint-*")):
-        if re.fullmatch(r"checkpoint-\d+", path.name) and path.is_dir() and not is_complete_checkpoint(path):
-            target = path.with_name(f"incomplete-{path.name}")
-            if target.exists():  # an earlier interrupted save of the same step: no more use than this one
-                shutil.rmtree(target)
-            path.rename(target)
-            moved.append(target)
-    return moved
-
-
 def resume_checkpoint(training) -> str | None:
-    """The checkpoint this start resumes from, after the main process set incomplete ones aside.
+    """The checkpoint this start resumes from, after the main process set incomplete ones aside
+    (``trl_gptoss.trainer.resume``, the rule the trainer applies too).
 
     ``resume_from_checkpoint``: ``None`` (start afresh), a ``checkpoint-N`` path (checked by ``check_job``), or
     ``"latest"``: the newest complete ``checkpoint-N`` in ``output_dir``, ``None`` when there is none (so the
-    same command line starts a run and restarts it after preemption).
+    same command line starts a run and restarts it after preemption); one past ``max_steps`` is refused.
     """
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -148,30 +131,11 @@ def resume_checkpoint(training) -> str | None:
     latest = get_last_checkpoint(training.output_dir) if Path(training.output_dir).is_dir() else None
     if latest is None:
         logger.warning("resume_from_checkpoint=latest: no checkpoint in %s yet; starting afresh", training.output_dir)
+        return None
+    step = json.loads((Path(latest) / STATE_FILE).read_text(encoding="utf-8"))["global_step"]  # whole: set aside
+    if problem := beyond_max_steps(step, training.max_steps):
+        raise SystemExit(f"error: resume_from_checkpoint=latest picks {latest}: {problem}")
     return latest
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread so the job stops as on Ctrl-C (``finally`` blocks run)."""
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt():
-    """While inside, SIGTERM raises ``Terminated`` in the main thread (once: a second one is ignored while
-    the first unwinds and stops the server). Elsewhere than the main thread, nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def run(job: JobArguments, training) -> dict:

@@ -7,7 +7,6 @@ Every problem names the key and what to change; all of them are reported at once
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import tempfile
@@ -16,6 +15,7 @@ from pathlib import Path
 from trl_gptoss.data.tasks import TASKS
 from trl_gptoss.scripts.grpo_arguments import EMBEDDED_MODEL, JobArguments
 from trl_gptoss.scripts.grpo_eval import eval_problems
+from trl_gptoss.trainer.resume import resume_problem
 
 
 def check_job(job: JobArguments, training) -> None:
@@ -130,18 +130,9 @@ def _path_problems(job: JobArguments, training) -> list[str]:
         fix = "give a checkpoint-N directory, or 'latest' (the newest complete one in output_dir; none: a fresh start)"
         if not path.is_dir():
             problems.append(f"resume_from_checkpoint={resume!r} is not a directory; {fix}")
-        elif not is_complete_checkpoint(path):
-            problems.append(f"resume_from_checkpoint={resume!r} is incomplete (no readable trainer_state.json); {fix}")
+        elif problem := resume_problem(path, training.max_steps):
+            problems.append(f"resume_from_checkpoint={resume!r} cannot be resumed from: {problem}; {fix}")
     return problems
-
-
-def is_complete_checkpoint(path) -> bool:
-    """``trainer_state.json`` parses: the Trainer writes it last, after the weights, optimizer and RNG states."""
-    try:
-        state = json.loads((Path(path) / "trainer_state.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(state, dict) and "global_step" in state
 
 
 def _unwritable(key: str, directory) -> str | None:

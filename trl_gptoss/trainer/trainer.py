@@ -27,6 +27,7 @@ from trl_gptoss.trainer.master_weights import MasterWeightsGuard
 from trl_gptoss.trainer.model_card import PAPER, card_model_name, rewrite_card
 from trl_gptoss.trainer.policy import load_policy, model_init_warning_dropped, resolve_aux_coef, switch_implementations
 from trl_gptoss.trainer.replay import RoutingReplay
+from trl_gptoss.trainer.resume import StopAndResume
 from trl_gptoss.trainer.rollouts import final_answer_completions, rollout_metrics, rollouts_to_trl
 from trl_gptoss.trainer.sampling import Sampler
 from trl_gptoss.trainer.sequence_parallel import SequenceParallelLoss
@@ -80,6 +81,7 @@ class GptOssGRPOTrainer(GRPOTrainer):
         self.timer = PhaseTimer(self)
         self.add_callback(OptimizerTimer(self.timer))
         self.add_callback(MasterWeightsGuard(self))  # bf16 weights in a torch optimizer at an lr they round away
+        self.add_callback(StopAndResume(args))  # SIGTERM stops as Ctrl-C; partial checkpoints set aside
         self.sampler = Sampler(
             args,
             lambda: self.accelerator.unwrap_model(self.model),
