@@ -75,3 +75,20 @@ def test_the_trainers_rotation_never_counts_a_set_aside_checkpoint(tmp_path):
     set_aside_incomplete_checkpoints(tmp_path)
     rotate_checkpoints(str(tmp_path), save_total_limit=1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-3", "incomplete-checkpoint-2"]
+
+
+def test_an_explicit_checkpoint_with_a_truncated_rng_state_is_refused_naming_the_file(tmp_path):
+    checkpoint = _checkpoint(tmp_path / "run", 5)
+    torch.save({"cpu": torch.get_rng_state()}, checkpoint / "rng_state.pth")
+    (checkpoint / "rng_state.pth").write_bytes((checkpoint / "rng_state.pth").read_bytes()[:100])
+    with pytest.raises(SystemExit, match=f"cannot be resumed from: {checkpoint}/rng_state.pth is truncated"):
+        _training(tmp_path / "run", str(checkpoint))
+
+
+def test_a_checkpoint_past_max_steps_is_refused_not_trained_for_zero_steps(tmp_path):
+    out = tmp_path / "run"
+    far = _checkpoint(out, 10**9)
+    with pytest.raises(SystemExit, match="global_step=1000000000, beyond max_steps=[0-9]+: resuming would train"):
+        _training(out, str(far))
+    with pytest.raises(SystemExit, match=f"latest picks {far}: the checkpoint is at global_step=1000000000"):
+        resume_checkpoint(_training(out, "latest"))
