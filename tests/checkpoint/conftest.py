@@ -11,12 +11,14 @@ with an index, expert projections as ``{gate_up_proj,down_proj}_{blocks,scales}`
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from trl_gptoss.testing import tiny_gpt_oss
 from trl_gptoss.testing.tokenizers import harmony_tokenizer
@@ -95,6 +97,31 @@ def write_hub_checkpoint(path: Path, model, hub: dict, *, shards: int = 3, split
     model.generation_config.save_pretrained(path)
     harmony_tokenizer(small=True).save_pretrained(path)
     return path
+
+
+def copy_hub_with(hub_dir, tmp_path, *, config=None, tensors=None, truncate=None):
+    """A copy of the hub checkpoint with config keys replaced (None deletes) and tensors replaced (None deletes)."""
+    copy = shutil.copytree(hub_dir, tmp_path / "corrupt")
+    if config:
+        data = json.loads((copy / "config.json").read_text())
+        for key, value in config.items():
+            data.pop(key) if value is None else data.__setitem__(key, value)
+        (copy / "config.json").write_text(json.dumps(data))
+    index_path = copy / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    for name, value in (tensors or {}).items():
+        file = copy / index["weight_map"][name]
+        shard = load_file(file)
+        if value is None:
+            del shard[name], index["weight_map"][name]
+        else:
+            shard[name] = value
+        save_file(shard, str(file), metadata={"format": "pt"})
+    index_path.write_text(json.dumps(index))
+    if truncate:
+        file = copy / index["weight_map"][truncate]
+        os.truncate(file, file.stat().st_size - 100)
+    return copy
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,19 @@ from __future__ import annotations
 import argparse
 import sys
 
+MIN_SHARD_GIB, MAX_SHARD_GIB = 2**-10, 2**10  # 1 MiB .. 1 TiB
 
-def _positive_gib(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"--max-shard-gib must be > 0, got {text}")
+
+def _shard_gib(text: str) -> float:
+    """``--max-shard-gib``: a finite size between 1 MiB and 1 TiB (``1e-12`` would write nothing, ``inf`` overflows)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--max-shard-gib must be a number of GiB, got {text!r}") from None
+    if not MIN_SHARD_GIB <= value <= MAX_SHARD_GIB:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(
+            f"--max-shard-gib must be between {MIN_SHARD_GIB} (1 MiB) and {MAX_SHARD_GIB} (1 TiB), got {text}"
+        )
     return value
 
 
@@ -47,6 +55,6 @@ def register(sub) -> None:
     convert.add_argument("dst", metavar="DST", help="new or empty output directory")
     convert.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     convert.add_argument(
-        "--max-shard-gib", type=_positive_gib, default=5.0, help="largest output shard; bounds the memory used (GiB)"
+        "--max-shard-gib", type=_shard_gib, default=5.0, help="largest output shard; bounds the memory used (GiB)"
     )
     convert.set_defaults(func=_cmd_convert)

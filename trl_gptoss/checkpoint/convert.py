@@ -7,8 +7,10 @@ The result has transformers' ``GptOssForCausalLM`` names and layouts (experts ``
 
 Memory: one source shard is memory-mapped at a time, tensors are dequantised one by one (one expert's
 temporaries at a time) and the writer holds at most ``max_shard_bytes`` of output before writing a shard, so
-the peak stays near one output shard however large the model is. Every header is validated before anything is
-written, so a corrupt or foreign checkpoint fails fast with the tensor named.
+the peak stays near one output shard however large the model is. Every header, and every tensor's name, shape
+and dtype against the ``GptOssForCausalLM`` that ``config.json`` describes, is validated before anything is
+written, so a corrupt or foreign checkpoint fails fast with the tensor named. The output is built beside DST
+under a temporary name and renamed last (``destination.py``): a failure, a full disk included, leaves no DST.
 """
 
 from __future__ import annotations
@@ -24,14 +26,19 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from trl_gptoss.checkpoint.destination import check_destination, staged_directory
 from trl_gptoss.checkpoint.mxfp4 import MXFP4FormatError, check_mxfp4_pair, dequantize_mxfp4
-from trl_gptoss.checkpoint.safetensors_files import CheckpointError, ShardWriter, TensorInfo, read_header
+from trl_gptoss.checkpoint.safetensors_files import CheckpointError, ShardWriter, TensorInfo, read_header, read_json
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
 INDEX_FILE = "model.safetensors.index.json"
 _EXPERT_TENSOR = re.compile(r"^(?P<module>.+\.mlp\.experts)\.(?P<proj>gate_up_proj|down_proj)_(?P<part>blocks|scales)$")
 _SKIPPED_FILES = {"config.json", INDEX_FILE}
+# config.json sizes the model's tensors: each must be an integer >= 1 (``true`` is not one); the first four
+# are required, the others take transformers' defaults when absent.
+_REQUIRED_SIZES = ("num_local_experts", "hidden_size", "intermediate_size", "num_hidden_layers")
+_OPTIONAL_SIZES = ("vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim", "num_experts_per_tok")
 
 
 @dataclass(frozen=True)
@@ -82,13 +89,17 @@ def read_mxfp4_config(src: Path) -> dict:
     config_path = src / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"{src} has no config.json; SRC must be a checkpoint directory")
-    config = json.loads(config_path.read_text())
+    config = read_json(config_path, "config")
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{config_path}: not a JSON object")
     if config.get("model_type") != "gpt_oss":
         raise CheckpointError(
             f"{config_path}: model_type is {config.get('model_type')!r}, not 'gpt_oss'; only GPT-OSS checkpoints "
             "can be converted"
         )
     quantization = config.get("quantization_config")
+    if quantization is not None and not isinstance(quantization, dict):
+        raise CheckpointError(f"{config_path}: quantization_config is not a JSON object")
     if quantization is None:
         raise CheckpointError(
             f"{config_path} has no quantization_config: the checkpoint is not MXFP4, so there is nothing to "
@@ -99,9 +110,12 @@ def read_mxfp4_config(src: Path) -> dict:
             f"{config_path}: quantization_config.quant_method is {quantization.get('quant_method')!r}, not "
             "'mxfp4'; only MXFP4 checkpoints can be converted"
         )
-    for key in ("num_local_experts", "hidden_size", "intermediate_size", "num_hidden_layers"):
-        if not isinstance(config.get(key), int):
-            raise CheckpointError(f"{config_path}: {key} is missing or not an int")
+    for key in _REQUIRED_SIZES + _OPTIONAL_SIZES:
+        value = config.get(key)
+        if value is None and key in _OPTIONAL_SIZES:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise CheckpointError(f"{config_path}: {key} must be an integer >= 1, got {str(value)[:50]}")
     return config
 
 
@@ -109,9 +123,15 @@ def list_tensors(src: Path) -> dict[str, TensorInfo]:
     """Every tensor of the checkpoint (one ``model.safetensors`` or the shards its index names), validated."""
     index_path = src / INDEX_FILE
     if index_path.is_file():
-        weight_map = json.loads(index_path.read_text()).get("weight_map")
+        index = read_json(index_path, "index")
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError(f"{index_path} has no weight_map")
+        for name, file in weight_map.items():
+            if not isinstance(file, str) or file in ("", ".", "..") or Path(file).name != file:
+                raise CheckpointError(
+                    f"{index_path} maps tensor {name} to {str(file)[:100]!r}, which is not a file name in {src}"
+                )
         files = sorted(set(weight_map.values()))
     elif (src / "model.safetensors").is_file():
         weight_map, files = None, ["model.safetensors"]
@@ -134,6 +154,11 @@ def list_tensors(src: Path) -> dict[str, TensorInfo]:
 def plan_experts(tensors: dict[str, TensorInfo], config: dict) -> dict[str, ExpertPair]:
     """Blocks tensor name -> its ``ExpertPair``; checks pairing, dtypes and shapes against ``config``."""
     experts, hidden, inner = config["num_local_experts"], config["hidden_size"], config["intermediate_size"]
+    if config["num_hidden_layers"] > len(tensors):  # every layer has tensors; also bounds the loops below
+        raise CheckpointError(
+            f"config.json says num_hidden_layers={config['num_hidden_layers']} but the checkpoint holds only "
+            f"{len(tensors)} tensors"
+        )
     expected = {"gate_up_proj": (experts, 2 * inner, hidden), "down_proj": (experts, hidden, inner)}
     plan = {}
     for name, info in tensors.items():
@@ -173,11 +198,45 @@ def plan_experts(tensors: dict[str, TensorInfo], config: dict) -> dict[str, Expe
     return plan
 
 
-def _check_destination(dst: Path) -> None:
-    if dst.exists() and not dst.is_dir():
-        raise CheckpointError(f"DST {dst} is a file; pass a new or empty directory")
-    if dst.is_dir() and any(dst.iterdir()):
-        raise CheckpointError(f"DST {dst} is not empty; pass a new or empty directory (nothing is overwritten)")
+def model_parameters(config: dict) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every parameter of the ``GptOssForCausalLM`` that ``config`` describes (built on meta)."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    values = {key: value for key, value in config.items() if key != "quantization_config"}
+    try:
+        with torch.device("meta"):
+            model = GptOssForCausalLM(GptOssConfig(**values))
+    except Exception as exc:  # any config transformers cannot build a model from
+        message = f"config.json does not describe a GptOssForCausalLM transformers can build: {str(exc)[:300]}"
+        raise CheckpointError(message) from None
+    return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+
+
+def check_against_model(tensors: dict[str, TensorInfo], plan: dict[str, ExpertPair], config: dict) -> None:
+    """Every output tensor is a parameter of the model ``config`` describes, with its shape, and none is missing."""
+    scale_names = {pair.scales.name for pair in plan.values()}
+    output = {pair.output_name: pair.output_shape for pair in plan.values()}
+    for name, info in tensors.items():
+        if name in plan or name in scale_names:
+            continue
+        if not info.is_floating_point:
+            raise CheckpointError(f"tensor {name} has dtype {info.dtype}; a GptOssForCausalLM parameter is floating")
+        output[name] = info.shape
+    expected = model_parameters(config)
+    for name, shape in sorted(output.items()):
+        if name not in expected:
+            raise CheckpointError(
+                f"tensor {name} is not a parameter of GptOssForCausalLM with this config.json "
+                f"(num_hidden_layers={config['num_hidden_layers']})"
+            )
+        if shape != expected[name]:
+            raise CheckpointError(
+                f"tensor {name} has shape {list(shape)}, but config.json needs {list(expected[name])}"
+            )
+    tied = config.get("tie_word_embeddings") is True
+    missing = sorted(set(expected) - set(output) - ({"lm_head.weight"} if tied else set()))
+    if missing:
+        raise CheckpointError(f"tensor {missing[0]} is missing ({len(missing)} parameter(s) of the model are absent)")
 
 
 def _stream(tensors, plan, writer: ShardWriter, dtype: torch.dtype, log: Callable[[str], None]) -> int:
@@ -216,12 +275,16 @@ def _load(info: TensorInfo, open_shard) -> torch.Tensor:
         return other.get_tensor(info.name)
 
 
+def _write_json(path: Path, value: dict) -> None:
+    path.write_text(json.dumps(value, indent=2) + "\n")
+
+
 def _write_config(config: dict, dst: Path, dtype_name: str) -> None:
     config = {key: value for key, value in config.items() if key not in ("quantization_config", "torch_dtype")}
     config["dtype"] = dtype_name
     if not config.get("architectures"):  # vLLM picks its model class from this list
         config["architectures"] = ["GptOssForCausalLM"]
-    (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    _write_json(dst / "config.json", config)
 
 
 def _copy_side_files(src: Path, dst: Path) -> list[str]:
@@ -247,31 +310,32 @@ def convert_checkpoint(
 
     Every floating tensor is written in ``dtype`` ("bfloat16" or "float32"); experts are dequantised exactly
     (each MXFP4 value is representable in both). Raises ``CheckpointError`` naming the file or tensor for a
-    non-GPT-OSS, non-MXFP4 or corrupt checkpoint, before anything is written.
+    non-GPT-OSS, non-MXFP4 or corrupt checkpoint or an unusable DST, before anything is written; a failure
+    while writing (a full disk, values found corrupt while streaming) removes what was written and raises
+    ``CheckpointError`` too, leaving no DST.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    src, dst = resolve_source(src), Path(dst)
+    if not isinstance(max_shard_bytes, int) or isinstance(max_shard_bytes, bool) or max_shard_bytes < 1:
+        raise ValueError(f"max_shard_bytes must be an integer >= 1, got {max_shard_bytes!r}")
+    src = resolve_source(src)
     config = read_mxfp4_config(src)
     tensors = list_tensors(src)
     plan = plan_experts(tensors, config)
-    _check_destination(dst)
-    dst.mkdir(parents=True, exist_ok=True)
-    writer = ShardWriter(dst, max_shard_bytes)
-    try:
-        dequantized = _stream(tensors, plan, writer, DTYPES[dtype], log)
-    except MXFP4FormatError as exc:  # valid headers, invalid values (e.g. NaN scales): found while streaming
-        writer.discard()
-        raise CheckpointError(str(exc)) from None
-    except BaseException:
-        writer.discard()
-        raise
-    weight_map = writer.finish()
-    if len(set(weight_map.values())) > 1:
-        index = {"metadata": {"total_size": writer.total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
-        (dst / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-    _write_config(config, dst, dtype)
-    copied = _copy_side_files(src, dst)
+    check_against_model(tensors, plan, config)
+    dst = check_destination(Path(dst))
+    with staged_directory(dst) as stage:
+        writer = ShardWriter(stage, max_shard_bytes)
+        try:
+            dequantized = _stream(tensors, plan, writer, DTYPES[dtype], log)
+        except MXFP4FormatError as exc:  # valid headers, invalid values (e.g. NaN scales): found while streaming
+            raise CheckpointError(str(exc)) from None
+        weight_map = writer.finish()
+        if len(set(weight_map.values())) > 1:
+            index = {"metadata": {"total_size": writer.total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
+            _write_json(stage / INDEX_FILE, index)
+        _write_config(config, stage, dtype)
+        copied = _copy_side_files(src, stage)
     size = f"{writer.total_bytes / 2**30:.2f} GiB"
     log(f"wrote {len(weight_map)} tensors ({size}) and {', '.join(copied) or 'no side files'}")
     return ConversionResult(

@@ -1,9 +1,12 @@
 """Reading a checkpoint's safetensors layout without loading tensors, and writing size-bounded output shards.
 
-``read_header(path)`` parses the header (8-byte little-endian length, then JSON) and checks every tensor's
-byte range against its shape, dtype and the file's size, so a truncated or corrupt file is reported by the
-tensor it breaks before any tensor is loaded. ``ShardWriter`` holds at most ``max_shard_bytes`` of tensors
-(or one tensor, if a single tensor is larger) before writing them out as one shard.
+``read_header(path)`` parses the header (8-byte little-endian length, then JSON) and checks it as the
+safetensors format requires: every entry a ``dtype``, a ``shape`` of non-negative integers and two integer
+``data_offsets`` whose range holds exactly that many bytes, the ranges contiguous from 0 and covering the
+data to the file's end (no gap, no overlap, nothing after), ``__metadata__`` text to text. A truncated or
+corrupt file is reported by the tensor it breaks before any tensor is loaded. ``ShardWriter`` holds at most
+``max_shard_bytes`` of tensors (or one tensor, if a single tensor is larger) before writing them out as one
+shard.
 """
 
 from __future__ import annotations
@@ -61,40 +64,65 @@ class TensorInfo:
         return self.dtype in _FLOATING
 
 
+def read_json(path: Path, what: str):
+    """``path`` parsed as JSON; ``CheckpointError`` naming it when it cannot be read or parsed."""
+    try:
+        return json.loads(Path(path).read_bytes())
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read the {what}: {exc}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: nesting past the stack
+        raise CheckpointError(f"{path} is not a valid JSON {what}: {str(exc)[:200]}") from None
+
+
 def read_header(path: Path) -> dict[str, TensorInfo]:
     """Name -> ``TensorInfo`` of every tensor in the safetensors file ``path``, with byte ranges checked."""
     path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as handle:
-        prefix = handle.read(8)
-        if len(prefix) < 8:
-            raise CheckpointError(f"{path} is not a safetensors file: {size} bytes, shorter than its header length")
-        (header_len,) = struct.unpack("<Q", prefix)
-        if header_len > min(_MAX_HEADER_BYTES, size - 8):
-            raise CheckpointError(f"{path} is not a safetensors file: header length {header_len} > file size {size}")
-        try:
-            header = json.loads(handle.read(header_len))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"{path} has a corrupt safetensors header: {exc}") from None
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            prefix = handle.read(8)
+            if len(prefix) < 8:
+                raise CheckpointError(f"{path} is not a safetensors file: {size} bytes, shorter than its header length")
+            (header_len,) = struct.unpack("<Q", prefix)
+            if header_len > min(_MAX_HEADER_BYTES, size - 8):
+                raise CheckpointError(
+                    f"{path} is not a safetensors file: header length {header_len} > file size {size}"
+                )
+            text = handle.read(header_len)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read it: {exc}") from None
+    try:
+        header = json.loads(text)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CheckpointError(f"{path} has a corrupt safetensors header: {str(exc)[:200]}") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path} has a corrupt safetensors header: not a JSON object")
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise CheckpointError(f"{path} has a corrupt safetensors header: __metadata__ is not text to text")
     data_bytes = size - 8 - header_len
-    tensors = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        tensors[name] = _tensor_info(path, name, entry, data_bytes)
+    tensors = {name: _tensor_info(path, name, entry, data_bytes) for name, entry in header.items()}
+    _check_contiguous(path, tensors, header, data_bytes)
     return tensors
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _tensor_info(path: Path, name: str, entry, data_bytes: int) -> TensorInfo:
     try:
-        dtype, shape, (begin, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
-    except (TypeError, KeyError, ValueError):
-        raise CheckpointError(f"tensor {name} in {path}: corrupt header entry {entry!r}") from None
-    if dtype not in _ITEMSIZE:
-        raise CheckpointError(f"tensor {name} in {path}: unknown dtype {dtype!r}")
-    info = TensorInfo(name, path, dtype, shape)
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    except (TypeError, KeyError):
+        raise CheckpointError(f"tensor {name} in {path}: corrupt header entry {str(entry)[:200]}") from None
+    if not isinstance(dtype, str) or dtype not in _ITEMSIZE:
+        raise CheckpointError(f"tensor {name} in {path}: unknown dtype {str(dtype)[:50]!r}")
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise CheckpointError(f"tensor {name} in {path}: shape {str(shape)[:200]} is not a list of integers >= 0")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(o) for o in offsets):
+        raise CheckpointError(f"tensor {name} in {path}: data_offsets {str(offsets)[:200]} are not two integers >= 0")
+    begin, end = offsets
+    info = TensorInfo(name, path, dtype, tuple(shape))
     if end - begin != info.nbytes or not 0 <= begin <= end:
         raise CheckpointError(
             f"tensor {name} in {path}: byte range [{begin}, {end}) does not hold {dtype} {list(shape)} "
@@ -106,6 +134,23 @@ def _tensor_info(path: Path, name: str, entry, data_bytes: int) -> TensorInfo:
             "(truncated download?)"
         )
     return info
+
+
+def _check_contiguous(path: Path, tensors: dict[str, TensorInfo], header: dict, data_bytes: int) -> None:
+    """The tensors' byte ranges follow each other from 0 to the end of the data, as safetensors requires."""
+    position, previous = 0, None
+    for name in sorted(tensors, key=lambda n: tuple(header[n]["data_offsets"])):
+        begin, end = header[name]["data_offsets"]
+        if begin != position:
+            what = f"a gap of {begin - position} bytes" if begin > position else f"{position - begin} bytes overlap"
+            after = f"after tensor {previous}" if previous else "at the start of the data"
+            raise CheckpointError(f"tensor {name} in {path}: {what} {after} (corrupt header)")
+        position, previous = end, name
+    if position != data_bytes:
+        raise CheckpointError(
+            f"{path}: the tensors end at byte {position} but the file holds {data_bytes} data bytes "
+            "(trailing data: corrupt or not a safetensors file)"
+        )
 
 
 class ShardWriter:
@@ -151,12 +196,6 @@ class ShardWriter:
         save_file(self._buffer, str(path), metadata={"format": "pt"})
         self._shards.append((path, list(self._buffer)))
         self._buffer, self._buffered_bytes = {}, 0
-
-    def discard(self) -> None:
-        """Drop the buffer and delete the shards written so far (a failed conversion leaves no partial files)."""
-        for path, _ in self._shards:
-            path.unlink(missing_ok=True)
-        self._shards, self._buffer, self._buffered_bytes = [], {}, 0
 
     def finish(self) -> dict[str, str]:
         self.flush()
