@@ -1,0 +1,53 @@
+"""The job's held-out evaluation set and its checks (before any model loads)."""
+
+import pytest
+
+from tests.scripts.test_config_errors import _error, _write_config
+from trl_gptoss.scripts.grpo import load_dataset_for, parse_job_args
+from trl_gptoss.scripts.grpo_eval import held_out_split
+
+NO_EVAL = {"eval_strategy": "no", "eval_on_start": False, "eval_problems": 0}
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        pytest.param({"eval_problems": -1}, "eval_problems=-1", id="negative"),
+        pytest.param({"eval_problems": True}, "eval_problems: true is not an integer", id="bool"),
+        pytest.param({**NO_EVAL, "eval_problems": 8}, "eval_problems=8 but nothing evaluates them", id="unused"),
+        pytest.param({"eval_problems": 0}, "eval_problems is 0", id="evaluates-nothing"),
+        pytest.param({"num_generations_eval": 0}, "num_generations_eval", id="k-0"),
+    ],
+)
+def test_evaluation_settings_that_cannot_work_are_refused_before_loading(tmp_path, changes, message):
+    assert message in _error(["--config", str(_write_config(tmp_path, changes))])
+
+
+def _job(tmp_path, **changes):
+    return parse_job_args(["--config", str(_write_config(tmp_path, changes))])
+
+
+def test_generated_held_out_problems_come_from_another_seed_and_never_equal_a_training_prompt(tmp_path):
+    job, training = _job(tmp_path, num_prompts=64, eval_problems=16)
+    train, held_out = held_out_split(job, training, load_dataset_for(job, seed=training.seed))
+    assert len(train) == 64 and 0 < len(held_out) <= 16 and set(held_out["task"]) == {"arithmetic"}
+    assert not {repr(p) for p in held_out["prompt"]} & {repr(p) for p in train["prompt"]}
+    assert {"prompt", "answer"} <= set(held_out.column_names)
+
+
+def test_file_tasks_set_their_last_rows_aside_from_training(tmp_path):
+    fields = dict(task="gsm8k", tool_names=[], model_name_or_path=str(tmp_path), bf16=False, eval_problems=5)
+    job, training = parse_job_args(["--config", str(_write_config(tmp_path, fields))], check=False)
+    rows = load_dataset_for(job, seed=0)
+    train, held_out = held_out_split(job, training, rows)
+    assert len(train) + len(held_out) == len(rows) and len(held_out) == 5
+    assert held_out["prompt"] == rows["prompt"][-5:] and set(held_out["task"]) == {"gsm8k"}
+    job.eval_problems = len(rows)
+    with pytest.raises(SystemExit, match="sets aside every one"):
+        held_out_split(job, training, rows)
+
+
+def test_no_evaluation_leaves_the_training_rows_alone(tmp_path):
+    job, training = _job(tmp_path, **NO_EVAL)
+    rows = load_dataset_for(job, seed=0)
+    assert held_out_split(job, training, rows) == (rows, None)
