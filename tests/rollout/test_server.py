@@ -11,7 +11,7 @@ import time
 import pytest
 import requests
 
-from trl_gptoss.cli import _vllm_server, build_parser
+from trl_gptoss.cli import build_parser
 from trl_gptoss.rollout import GenerationRequest, VLLMServer, VLLMServerEngine, VLLMServerError
 from trl_gptoss.rollout.server import (
     KV_CACHE_FLOOR_BYTES,
@@ -22,6 +22,7 @@ from trl_gptoss.rollout.server import (
     live_group_members,
     vllm_python,
 )
+from trl_gptoss.scripts.vllm_serve import vllm_server as _vllm_server
 
 
 def test_cpu_command_carries_weight_sync_flags(tiny_checkpoint):
@@ -253,3 +254,34 @@ def _child_groups(pid: int) -> set[int]:
             if int(fields[1]) == pid:
                 groups.add(int(fields[2]))
     return groups
+
+
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--model", "/nonexistent/model", "/nonexistent/model is not a directory"),
+        ("--model", "/", "/ has no config.json"),
+        ("--kv-cache-gib", "0", "must be a finite number > 0"),
+        ("--kv-cache-gib", "nan", "must be a finite number > 0"),
+        ("--kv-cache-gib", "inf", "must be a finite number > 0"),
+        ("--port", "99999", "a TCP port is 1-65535"),
+        ("--port", "0", "a TCP port is 1-65535"),
+        ("--max-model-len", "0", "must be an integer >= 2"),
+        ("--max-model-len", "1", "must be an integer >= 2"),
+        ("--max-num-seqs", "0", "must be an integer >= 1"),
+        ("--gpu-memory-utilization", "1.5", "must be in (0, 1]"),
+    ],
+)
+def test_vllm_serve_arguments_are_checked_with_messages(tiny_checkpoint, capsys, flag, value, message):
+    argv = ["vllm-serve", "--model", str(tiny_checkpoint), flag, value]
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message on a host without a GPU")
+def test_vllm_serve_on_a_missing_gpu_is_a_message(tiny_checkpoint, capsys):
+    from trl_gptoss.cli import main
+
+    assert main(["vllm-serve", "--model", str(tiny_checkpoint), "--device", "cuda"]) == 2
+    assert "--device cuda, but no CUDA device is visible here" in capsys.readouterr().err

@@ -260,9 +260,14 @@ ANSWER = (
         ([(500, b"engine died")], 3, VLLMServerError, r"failed after 3 attempt\(s\): HTTP 500: engine died"),
         ([(404, b"no such route")], 1, VLLMServerError, "answered HTTP 404: no such route"),
         ([(400, b"maximum context length is 64")], 1, ValueError, "rejected the request as too long"),
-        ([(200, b'{"choices": [')], 1, VLLMServerError, "answered HTTP 200 with a body that is not JSON"),
+        (
+            [(200, b'{"choices": [')],
+            3,
+            VLLMServerError,
+            r"3 attempt\(s\): answered HTTP 200 with a body that is not JS",
+        ),
     ],
-    ids=["5xx-then-ok", "5xx-every-time", "4xx-not-retried", "too-long", "bad-json"],
+    ids=["5xx-then-ok", "5xx-every-time", "4xx-not-retried", "too-long", "bad-json-retried"],
 )
 def test_async_generate_retries_5xx_and_names_errors(replies, calls, error, match):
     server = _Answers(replies)

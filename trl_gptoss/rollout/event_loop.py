@@ -52,6 +52,27 @@ def run_to_completion(coroutine: Coroutine):
             loop.close()
 
 
+def run_blocking(make_coroutine):
+    """``make_coroutine()`` run to its end for a blocking caller (one HTTP call of a weight push, the health probe):
+    on a private loop that is never made this thread's current loop (the caller's, if any, stays as it was), or,
+    when this thread already runs a loop, on a helper thread, the caller blocking either way."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="run-blocking") as pool:
+            return pool.submit(run_blocking, make_coroutine).result()
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(make_coroutine())
+    finally:
+        try:
+            loop.run_until_complete(finish_tasks())
+        finally:
+            loop.close()
+
+
 class LoopThread:
     """An event loop running on a daemon thread: ``submit(make_coroutine)`` creates a task there and returns it
     with a ``concurrent.futures.Future`` settled when the task ends (after it unwound, when cancelled).

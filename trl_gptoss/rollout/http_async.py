@@ -9,16 +9,26 @@ caller that runs a fresh loop per batch (``run_rollouts`` from any thread) there
 the batch and leaves none open after it.
 
 Answers are read with ``Content-Length``, ``Transfer-Encoding: chunked`` or until the server closes the
-connection. Every failure to get a complete answer (refused or reset connection, no connection within
-``connect_timeout``, no data within ``timeout``, an answer cut short, a malformed answer) raises
-``HTTPTransportError`` naming the URL; any status code is returned to the caller, which decides about it.
-A kept-alive connection that the server closed while idle is replaced once, silently, by a fresh one.
+connection. One deadline, ``timeout``, bounds the whole request from the moment it has a connection slot:
+connecting (also bounded by ``connect_timeout``), sending, the status line and headers, interim ``1xx`` answers
+(at most ``MAX_INTERIM``), every chunk, the trailers (at most ``MAX_TRAILERS`` lines) and the body (at most
+``max_body`` bytes). A server that drips its answer a byte at a time, or sends ``100 Continue`` forever, ends
+the request at the deadline like one that sends nothing. Every failure to get a complete answer (refused or
+reset connection, the deadline, an answer cut short, a malformed or oversized one) raises
+``HTTPTransportError`` naming the URL; any status code is returned to the caller, which decides about it
+(redirects are never followed here). Numbers in the status line, ``Content-Length`` and chunk sizes are ASCII
+digits only. A connection goes back to the pool only when nothing is left unread on it (bytes past the
+declared body, a body after a ``204``): such bytes would be read as the answer to the next request. A
+kept-alive connection that the server closed while idle is replaced once, silently, by a fresh one.
 
-Every read is bounded with ``asyncio.timeout`` (Python 3.10: ``asyncio.wait``), not ``asyncio.wait_for``: on
-CPython 3.11 and older, ``wait_for`` returns the inner result when a cancellation lands in the same loop
-iteration as the data it was waiting for (gh-86296), so a cancelled rollout went on with its next turn. Under
-load that coincidence is common: Ctrl-C during generation left the CPU demo running for a minute, every
-conversation whose answer was already in its socket buffer swallowing the cancellation.
+The deadline is ``asyncio.timeout`` (Python 3.10: ``asyncio.wait``), not ``asyncio.wait_for``: on CPython 3.11
+and older, ``wait_for`` returns the inner result when a cancellation lands in the same loop iteration as the data
+it was waiting for (gh-86296), so a cancelled rollout went on with its next turn. Under load that coincidence is
+common: Ctrl-C during generation left the CPU demo running for a minute, every conversation whose answer was
+already in its socket buffer swallowing the cancellation.
+
+``request_blocking`` runs one request from code without an event loop (the start-up query, ``/health``, weight
+pushes, scores) on a private loop: the blocking paths get the same deadline and checks.
 """
 
 from __future__ import annotations
@@ -29,10 +39,14 @@ import json
 import ssl
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-_HEAD_LIMIT = 64 * 1024  # bytes of status line + headers accepted
+_HEAD_LIMIT = 64 * 1024  # bytes of status line + headers accepted (and of one chunk-size or trailer line)
+MAX_INTERIM = 8  # 1xx interim answers accepted before the final one
+MAX_TRAILERS = 32  # trailer lines accepted after the last chunk
+DEFAULT_MAX_BODY = 64 * 2**20  # bytes of one answer's body, unless the request gives its own bound
+_HEX = frozenset("0123456789abcdefABCDEF")
 
 
 async def within(awaitable, seconds: float):
@@ -70,6 +84,7 @@ class Response:
     status: int
     reason: str
     body: bytes
+    headers: dict[str, str] = field(default_factory=dict)  # lower-case names
 
     def json(self):
         """The decoded JSON body, ``None`` when the body is empty."""
@@ -89,7 +104,7 @@ class _Connection:
         self.reader, self.writer = reader, writer
 
     def usable(self) -> bool:
-        return not (self.writer.is_closing() or self.reader.at_eof())
+        return not (self.writer.is_closing() or self.reader.at_eof() or _unread(self.reader))
 
     def close(self) -> None:
         self.writer.close()
@@ -130,11 +145,11 @@ class AsyncHTTPClient:
     """JSON over HTTP/1.1 to ``base_url`` (``http://host:port[/prefix]`` or ``https://...``).
 
     ``connect_timeout``: seconds to open a connection; ``max_connections``: connections per event loop (and so
-    requests in flight from one loop). The read timeout is given per request: the longest wait for the next
-    piece of the answer (the first piece, the status line, comes when the server has finished the work).
+    requests in flight from one loop); ``headers``: sent with every request (e.g. ``Authorization``). The
+    deadline is given per request: the longest the whole request may take once it has a connection slot.
     """
 
-    def __init__(self, base_url: str, *, connect_timeout: float, max_connections: int):
+    def __init__(self, base_url: str, *, connect_timeout: float, max_connections: int, headers=None):
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"base_url must be http://host:port or https://host:port, got {base_url!r}")
@@ -148,28 +163,41 @@ class AsyncHTTPClient:
         default_port = parts.port is None or parts.port == (443 if parts.scheme == "https" else 80)
         self.host_header = parts.netloc.rsplit("@", 1)[-1] if not default_port else self.host
         self.connect_timeout, self.max_connections = connect_timeout, max_connections
+        self.headers = {str(k): str(v) for k, v in (headers or {}).items()}
+        if any(c in "\r\n" for item in self.headers.items() for c in "".join(item)):
+            raise ValueError("headers must not contain line breaks")
         self._pools: dict[asyncio.AbstractEventLoop, _Pool] = {}
         self._lock = threading.Lock()
 
     # -- public -----------------------------------------------------------------------------------------
-    async def request(self, method: str, path: str, payload=None, *, timeout: float) -> Response:
-        """Send one request (``payload`` JSON-encoded when given) and read the whole answer."""
+    async def request(
+        self, method: str, path: str, payload=None, *, timeout: float, max_body: int = DEFAULT_MAX_BODY
+    ) -> Response:
+        """Send one request (``payload`` JSON-encoded when given) and read the whole answer within ``timeout``
+        seconds (see the module docstring); a body over ``max_body`` bytes is an error."""
         url = f"{self.base_url}{path}"
         body = b"" if payload is None else json.dumps(payload).encode()
-        head = self._head(method, path, body, payload is not None)
+        data = self._head(method, path, body, payload is not None) + body
         pool = self._pool()
         async with pool.slots:
-            while pool.idle:
-                conn = pool.idle.pop()
-                if not conn.usable():
-                    pool.discard(conn)
-                    continue
-                try:
-                    return await self._exchange(pool, conn, head + body, method, url, timeout, reused=True)
-                except _Stale:
-                    continue  # the server dropped it while idle; try the next idle one or a fresh one
-            conn = await self._connect(pool, url)
-            return await self._exchange(pool, conn, head + body, method, url, timeout, reused=False)
+            try:
+                return await within(self._send(pool, data, method, url, max_body), timeout)
+            except asyncio.TimeoutError:
+                raise HTTPTransportError(f"{url}: no complete answer within {timeout} s") from None
+
+    async def _send(self, pool: _Pool, data: bytes, method: str, url: str, max_body: int) -> Response:
+        """``data`` on an idle connection, or on a fresh one when none is left (or the idle ones were stale)."""
+        while pool.idle:
+            conn = pool.idle.pop()
+            if not conn.usable():
+                pool.discard(conn)
+                continue
+            try:
+                return await self._exchange(pool, conn, data, method, url, max_body, reused=True)
+            except _Stale:
+                continue  # the server dropped it while idle; try the next idle one or a fresh one
+        conn = await self._connect(pool, url)
+        return await self._exchange(pool, conn, data, method, url, max_body, reused=False)
 
     async def aclose(self) -> None:
         """Close the running loop's connections (a later request opens new ones)."""
@@ -240,14 +268,16 @@ class AsyncHTTPClient:
             "Accept: application/json",
             "Connection: keep-alive",
             f"Content-Length: {len(body)}",
+            *(f"{name}: {value}" for name, value in self.headers.items()),
         ]
         if is_json:
             lines.append("Content-Type: application/json")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
-    async def _exchange(self, pool, conn: _Connection, data: bytes, method: str, url: str, timeout: float, *, reused):
+    async def _exchange(self, pool, conn: _Connection, data: bytes, method: str, url: str, max_body: int, *, reused):
         """Write the request on ``conn`` and read the answer; the connection goes back to the pool only when the
-        answer was read completely and both sides allow reuse, and is closed on any failure or cancellation."""
+        answer was read completely, nothing more is waiting on it and both sides allow reuse; it is closed on any
+        failure or cancellation (the deadline's included)."""
         try:
             try:
                 conn.writer.write(data)
@@ -256,98 +286,142 @@ class AsyncHTTPClient:
                 if reused:
                     raise _Stale() from None
                 raise HTTPTransportError(f"{url}: connection failed while sending the request: {exc}") from exc
-            response, keep = await _read_response(conn.reader, method, timeout, url, stale_ok=reused)
+            response, keep = await _read_response(conn.reader, method, url, stale_ok=reused, max_body=max_body)
         except BaseException:
             pool.discard(conn)
             raise
-        if keep and not pool.closed:
+        if keep and not pool.closed and not _unread(conn.reader):
             pool.idle.append(conn)
         else:
             pool.discard(conn)
         return response
 
 
-async def _read_response(reader, method: str, timeout: float, url: str, *, stale_ok: bool):
+def _unread(reader: asyncio.StreamReader) -> int:
+    """Bytes received on the connection and not read (``StreamReader`` keeps them in ``_buffer``; there is no
+    public accessor)."""
+    return len(getattr(reader, "_buffer", b""))
+
+
+async def _read_response(reader, method: str, url: str, *, stale_ok: bool, max_body: int = DEFAULT_MAX_BODY):
     """``(Response, reusable)`` from ``reader``; raises ``HTTPTransportError`` (``_Stale`` when ``stale_ok`` and
-    the connection ended before any byte of the answer)."""
-    first = True
-    while True:
-        try:
-            head = await within(reader.readuntil(b"\r\n\r\n"), timeout)
-        except asyncio.TimeoutError:
-            raise HTTPTransportError(f"{url}: no answer within {timeout} s") from None
-        except asyncio.IncompleteReadError as exc:
-            if first and stale_ok and not exc.partial:
-                raise _Stale() from None
-            raise HTTPTransportError(f"{url}: the connection closed before the headers were complete") from None
-        except asyncio.LimitOverrunError:
-            raise HTTPTransportError(f"{url}: answer headers longer than {_HEAD_LIMIT} bytes") from None
-        except OSError as exc:
-            if first and stale_ok:
-                raise _Stale() from None
-            raise HTTPTransportError(f"{url}: connection failed while waiting for the answer: {exc}") from exc
-        first = False
-        version, status, reason, headers = _parse_head(head, url)
-        if not 100 <= status < 200:
-            break  # 1xx interim answers are skipped
-    keep = version == "HTTP/1.1" and "close" not in headers.get("connection", "").lower()
-    if method == "HEAD" or status in (204, 304):
-        return Response(status, reason, b""), keep
+    the connection ended before any byte of the answer). Unbounded in time: the caller's deadline bounds it."""
+    status = None
     try:
+        version, status, reason, headers = await _read_head(reader, url, stale_ok=stale_ok)
+        keep = version == "HTTP/1.1" and "close" not in headers.get("connection", "").lower()
+        if method == "HEAD" or status in (204, 304):
+            return Response(status, reason, b"", headers), keep
         if "chunked" in headers.get("transfer-encoding", "").lower():
-            body = await _read_chunked(reader, timeout, url)
+            body = await _read_chunked(reader, url, max_body)
         elif "content-length" in headers:
-            body = await within(reader.readexactly(_length(headers["content-length"], url)), timeout)
+            body = await reader.readexactly(_content_length(headers["content-length"], url, max_body))
         else:
-            body, keep = await within(reader.read(), timeout), False  # until the server closes
-    except asyncio.TimeoutError:
-        raise HTTPTransportError(f"{url}: the answer stalled for {timeout} s (HTTP {status})") from None
+            body, keep = await _read_to_close(reader, url, max_body), False
     except asyncio.LimitOverrunError:
-        raise HTTPTransportError(f"{url}: a chunk header longer than {_HEAD_LIMIT} bytes") from None
+        raise HTTPTransportError(f"{url}: a header, chunk-size or trailer line over {_HEAD_LIMIT} bytes") from None
     except asyncio.IncompleteReadError as exc:
+        if status is None:
+            raise HTTPTransportError(f"{url}: the connection closed before the headers were complete") from None
         raise HTTPTransportError(
             f"{url}: the answer (HTTP {status}) was cut short: {len(exc.partial)} of {exc.expected} body bytes"
         ) from None
     except OSError as exc:
-        raise HTTPTransportError(f"{url}: connection failed while reading the answer (HTTP {status}): {exc}") from exc
-    return Response(status, reason, body), keep
+        if isinstance(exc, HTTPTransportError):
+            raise
+        where = "waiting for the answer" if status is None else f"reading the answer (HTTP {status})"
+        raise HTTPTransportError(f"{url}: connection failed while {where}: {exc}") from exc
+    return Response(status, reason, body, headers), keep
+
+
+async def _read_head(reader, url: str, *, stale_ok: bool):
+    """The final answer's ``(version, status, reason, headers)``, skipping at most ``MAX_INTERIM`` 1xx answers."""
+    for interim in range(MAX_INTERIM + 1):
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError as exc:
+            if interim == 0 and stale_ok and not exc.partial:
+                raise _Stale() from None
+            raise
+        except OSError:
+            if interim == 0 and stale_ok:
+                raise _Stale() from None
+            raise
+        version, status, reason, headers = _parse_head(head, url)
+        if status == 101:
+            raise HTTPTransportError(f"{url}: the server switched protocols (HTTP 101); expected an HTTP answer")
+        if not 100 <= status < 200:
+            return version, status, reason, headers
+    raise HTTPTransportError(f"{url}: more than {MAX_INTERIM} interim (1xx) answers before the final one")
+
+
+def _ascii_digits(text: str) -> bool:
+    """``str.isdigit`` accepts other scripts' digits (``'²'``, ``'٣'``) that ``int`` then refuses or reads."""
+    return bool(text) and text.isascii() and text.isdigit()
 
 
 def _parse_head(head: bytes, url: str) -> tuple[str, int, str, dict[str, str]]:
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+    if len(parts) < 2 or parts[0] not in ("HTTP/1.0", "HTTP/1.1") or len(parts[1]) != 3 or not _ascii_digits(parts[1]):
         raise HTTPTransportError(f"{url}: malformed status line {lines[0][:80]!r}")
-    headers = {}
+    headers: dict[str, str] = {}
     for line in lines[1:]:
         if line:
             name, sep, value = line.partition(":")
-            if not sep:
+            if not sep or not name.strip():
                 raise HTTPTransportError(f"{url}: malformed header line {line[:80]!r}")
-            headers[name.strip().lower()] = value.strip()
+            name, value = name.strip().lower(), value.strip()
+            if name in ("content-length", "transfer-encoding") and headers.get(name, value) != value:
+                raise HTTPTransportError(f"{url}: two different {name} headers")
+            headers[name] = value
     return parts[0], int(parts[1]), parts[2] if len(parts) > 2 else "", headers
 
 
-def _length(value: str, url: str) -> int:
-    if not value.isdigit():
+def _content_length(value: str, url: str, max_body: int) -> int:
+    if not _ascii_digits(value):
         raise HTTPTransportError(f"{url}: malformed Content-Length {value[:40]!r}")
-    return int(value)
+    length = int(value)
+    if length > max_body:
+        raise HTTPTransportError(f"{url}: an answer body of {length} bytes is over the limit of {max_body} bytes")
+    return length
 
 
-async def _read_chunked(reader, timeout: float, url: str) -> bytes:
-    pieces = []
+async def _read_to_close(reader, url: str, max_body: int) -> bytes:
+    pieces, size = [], 0
+    while piece := await reader.read(65536):
+        size += len(piece)
+        if size > max_body:
+            raise HTTPTransportError(f"{url}: the answer body grew over the limit of {max_body} bytes")
+        pieces.append(piece)
+    return b"".join(pieces)
+
+
+async def _read_chunked(reader, url: str, max_body: int) -> bytes:
+    pieces, size = [], 0
     while True:
-        line = await within(reader.readuntil(b"\r\n"), timeout)
-        size_text = line.split(b";", 1)[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise HTTPTransportError(f"{url}: malformed chunk size {size_text[:20]!r}") from None
-        if size == 0:
-            while await within(reader.readuntil(b"\r\n"), timeout) != b"\r\n":
-                pass  # trailers
-            return b"".join(pieces)
-        pieces.append(await within(reader.readexactly(size + 2), timeout))
-        if not pieces[-1].endswith(b"\r\n"):
+        line = await reader.readuntil(b"\r\n")
+        size_text = line.split(b";", 1)[0].strip().decode("latin-1")
+        if not size_text or len(size_text) > 16 or not set(size_text) <= _HEX:
+            raise HTTPTransportError(f"{url}: malformed chunk size {size_text[:20]!r}")
+        chunk = int(size_text, 16)
+        if chunk == 0:
+            for _ in range(MAX_TRAILERS + 1):
+                if await reader.readuntil(b"\r\n") == b"\r\n":
+                    return b"".join(pieces)
+            raise HTTPTransportError(f"{url}: more than {MAX_TRAILERS} trailer lines after the last chunk")
+        size += chunk
+        if size > max_body:
+            raise HTTPTransportError(f"{url}: the chunked answer body grew over the limit of {max_body} bytes")
+        piece = await reader.readexactly(chunk + 2)
+        if not piece.endswith(b"\r\n"):
             raise HTTPTransportError(f"{url}: a chunk did not end with CRLF")
-        pieces[-1] = pieces[-1][:-2]
+        pieces.append(piece[:-2])
+
+
+def request_blocking(client: AsyncHTTPClient, method: str, path: str, payload=None, **kwargs) -> Response:
+    """``client.request(...)`` from code that is not in an event loop, on a private one (closed afterwards with
+    its connections); from inside a running loop, on a helper thread (the caller blocks either way)."""
+    from trl_gptoss.rollout.event_loop import run_blocking
+
+    return run_blocking(lambda: client.request(method, path, payload, **kwargs))

@@ -11,6 +11,13 @@ Rollouts send token ids and read token ids (``return_tokens_as_token_ids``), so 
 tokenizer (``--skip-tokenizer-init``): otherwise both the API server and the engine core load the model's
 tokenizer, for o200k (201k entries) the largest part of their memory (``load_tokenizer=True`` for text prompts).
 
+Access: the server binds loopback (``127.0.0.1``) unless told otherwise. With a ``secret`` (``server_secret``: a
+fresh one per run when the trainer starts the server; from a file or the environment when the user does) every
+route that changes or pauses the server answers 401 without it (``vllm_worker/gptoss_vllm_auth.py``, loaded with
+``--middleware``; the secret reaches the server in its environment, never on its command line). A server that
+other machines can reach (a non-loopback ``host``) without a secret is refused: anyone who reaches it could
+replace the weights the trainer learns from.
+
 Flags weight sync needs: ``VLLM_SERVER_DEV_MODE=1`` (``/collective_rpc``, ``/reset_prefix_cache``), the worker
 extension ``gptoss_vllm_worker.GptOssWeightSyncExtension`` (a file importable without trl_gptoss, put on the
 server's ``PYTHONPATH``), ``--logprobs-mode processed_logprobs`` (log-probs of the distribution actually
@@ -40,15 +47,23 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
+
+from trl_gptoss.rollout.server_secret import (
+    SECRET_ENV,
+    SECRET_FILE_ENV,
+    check_secret,
+    is_loopback,
+    secret_from_environment,
+)
 
 logger = logging.getLogger(__name__)
 
 VLLM_PYTHON_ENV = "TRL_GPTOSS_VLLM_PYTHON"
 WORKER_EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_worker"
 WORKER_EXTENSION_CLS = "gptoss_vllm_worker.GptOssWeightSyncExtension"
+AUTH_MIDDLEWARE = "gptoss_vllm_auth.SecretMiddleware"
+HEALTH_MAX_BODY = 64 * 1024  # bytes a /health answer may have
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 WATCHDOG = Path(__file__).resolve().with_name("server_watchdog.py")
 _PR_SET_PDEATHSIG = 1
@@ -97,14 +112,15 @@ def vllm_python() -> Path:
 
 
 def health_status(base_url: str, timeout: float):
-    """The HTTP status of ``GET base_url/health`` (200: serving), or the ``OSError`` that prevented an answer:
-    the one probe every caller (start-up wait, trainer checks, engines) uses."""
+    """The HTTP status of ``GET base_url/health`` (200: serving; a redirect is not followed), or the ``OSError``
+    that prevented a complete answer within ``timeout`` seconds (one deadline, connecting included): the one
+    probe every caller (start-up wait, the job's checks, engines) uses."""
+    from trl_gptoss.rollout.http_async import AsyncHTTPClient, HTTPTransportError, request_blocking
+
     try:
-        with urllib.request.urlopen(f"{base_url.rstrip('/')}/health", timeout=timeout) as response:
-            return response.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError as exc:
+        client = AsyncHTTPClient(base_url, connect_timeout=timeout, max_connections=1)
+        return request_blocking(client, "GET", "/health", timeout=timeout, max_body=HEALTH_MAX_BODY).status
+    except HTTPTransportError as exc:
         return exc
 
 
@@ -182,6 +198,16 @@ def names_moe_backend(args) -> bool:
     return any("moe-backend" in str(a) or "moe_backend" in str(a) for a in args)
 
 
+def _client_host(host: str) -> str:
+    """Where this machine reaches a server bound to ``host``: loopback for the every-interface addresses, IPv6
+    addresses in brackets."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
 def _remove_path(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
@@ -202,7 +228,9 @@ class VLLMServer:
     ``load_tokenizer``: load the model's tokenizer (needed only for text prompts and text in answers).
     ``remove_on_exit``: paths (e.g. a temporary model copy) deleted when the server is stopped, or by the
     watchdog when this process dies without stopping it. The server log is deleted too, unless the server
-    exited on its own (a crash: the log is kept and its path logged).
+    exited on its own (a crash: the log is kept and its path logged). ``secret``: required by every route that
+    changes or pauses the server (``server_secret``; default: ``$TRL_GPTOSS_SERVER_SECRET`` or the file named by
+    ``$TRL_GPTOSS_SERVER_SECRET_FILE``, else none); without one, ``host`` must be a loopback address.
     """
 
     def __init__(
@@ -221,6 +249,7 @@ class VLLMServer:
         extra_args=(),
         startup_timeout: float = 900.0,
         remove_on_exit=(),
+        secret: str | None = None,
     ):
         self.model_dir = str(Path(model).resolve())
         if not Path(self.model_dir, "config.json").is_file():
@@ -228,9 +257,16 @@ class VLLMServer:
         self.device = device or ("cuda" if _cuda_vllm_here() else "cpu")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        self.secret = secret_from_environment() if secret is None else check_secret(secret, "secret")
+        if self.secret is None and not is_loopback(host):
+            raise ValueError(
+                f"host={host!r} is not a loopback address: other machines could replace the served weights. Give the "
+                f"server a secret (`trl-gptoss vllm-serve --secret-file FILE`, ${SECRET_ENV}, ${SECRET_FILE_ENV} or "
+                "VLLMServer(secret=...)), or bind 127.0.0.1"
+            )
         self.port = port or free_port()
         self.host = host
-        self.base_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{self.port}"
+        self.base_url = f"http://{_client_host(host)}:{self.port}"
         self.max_model_len = max_model_len
         self.startup_timeout = startup_timeout
         self.startup_seconds: float | None = None
@@ -273,6 +309,8 @@ class VLLMServer:
             "--worker-extension-cls",
             WORKER_EXTENSION_CLS,
         ]
+        if self.secret is not None:
+            args += ["--middleware", AUTH_MIDDLEWARE]
         if self.device == "cpu":
             args.append("--enforce-eager")
         else:
@@ -303,6 +341,10 @@ class VLLMServer:
             "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
             "TOKENIZERS_PARALLELISM": "false",
         }
+        env.pop(SECRET_FILE_ENV, None)  # the server reads the secret from SECRET_ENV only
+        env.pop(SECRET_ENV, None)
+        if self.secret is not None:
+            env[SECRET_ENV] = self.secret
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKER_EXTENSION_DIR), env.get("PYTHONPATH")]))
         if self.device == "cpu":
             env.pop("TRITON_INTERPRET", None)  # our test suite's setting; vLLM's own kernels must compile

@@ -4,20 +4,21 @@ Every process (each rank of a training job) talks to the server itself; nothing 
 process assumes anything about the others, so processes that make different numbers of tool calls never
 exchange continuations. ``generate`` (what rollouts await) sends its request from the event loop itself over
 kept-alive connections (``http_async``), so no thread carries requests out and back; the blocking calls
-(``generate_sync``, ``score``, the start-up query, weight pushes) use one ``requests.Session`` per thread. Both
-paths give every call a connect and a read timeout and retry it with exponential backoff on connection
-errors, timeouts, cut-short answers and 5xx answers. When the server stays unreachable the error names its URL.
+(``generate_sync``, ``score``, the start-up query, weight pushes) run the same client on a private loop. Both
+paths give every call one deadline for the whole answer (``http_async``), send the run's server secret
+(``server_secret``) and check every answer (``server_answers``); they retry with exponential backoff on
+connection errors, deadlines, cut-short answers, 5xx answers and, for calls that change nothing on the server,
+malformed answers. A redirect is refused, never followed. Every error names the server's URL.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 
-import requests
-
+from trl_gptoss.rollout import server_answers
 from trl_gptoss.rollout.http_async import AsyncHTTPClient, HTTPTransportError
+from trl_gptoss.rollout.server_answers import MalformedAnswer
+from trl_gptoss.rollout.server_secret import auth_headers, check_secret, secret_from_environment
 from trl_gptoss.rollout.types import Generation, GenerationRequest
 
 
@@ -48,27 +49,25 @@ def completion_payload(model: str, request: GenerationRequest) -> dict:
     return payload
 
 
-def generation_from_choice(choice: dict) -> Generation:
-    """Parse one ``choices[i]`` of a completions answer; the two token-id sources must agree."""
-    from_logprobs = [int(t.split(":", 1)[1]) for t in choice["logprobs"]["tokens"]]
-    token_ids = choice.get("token_ids") or from_logprobs
-    if token_ids != from_logprobs:
-        raise VLLMServerError(f"vLLM returned inconsistent token ids: {token_ids[:8]} vs {from_logprobs[:8]}")
-    finish = choice["finish_reason"]
-    if finish not in ("stop", "length"):
-        raise VLLMServerError(f"vLLM finished a completion with {finish!r} (expected 'stop' or 'length')")
-    return Generation(token_ids, [float(x) for x in choice["logprobs"]["token_logprobs"]], finish)
+def generation_from_choice(choice: dict, *, vocab_size: int | None = None) -> Generation:
+    """Parse one ``choices[i]`` of a completions answer (``server_answers.generation``: both token-id sources
+    agree, ids in ``[0, vocab_size)``, finite log-probs <= 0); a ``VLLMServerError`` naming the field when not."""
+    try:
+        return server_answers.generation(choice, vocab_size=vocab_size)
+    except MalformedAnswer as exc:
+        raise VLLMServerError(f"vLLM sent a malformed completion: {exc}") from None
 
 
 class VLLMServerEngine:
     """``RolloutEngine`` backed by a running vLLM server (``trl-gptoss vllm-serve`` or ``VLLMServer``).
 
-    ``model``: the served model id (default: the only one ``/v1/models`` lists). ``timeout``: read timeout of
-    one HTTP call in seconds; ``connect_timeout`` for opening a connection; ``max_retries`` extra attempts,
-    ``backoff * 2**i`` seconds apart. A call therefore fails within about
-    ``(max_retries + 1) * (connect_timeout + timeout) + backoff * 2**max_retries`` seconds.
-    ``max_concurrency``: ``generate`` requests in flight at once from one event loop (its connections to the
-    server); more wait for a free connection.
+    ``model``: the served model id (default: the only one ``/v1/models`` lists). ``timeout``: the deadline of one
+    HTTP call in seconds, connecting and the whole answer included; ``connect_timeout`` for opening a connection;
+    ``max_retries`` extra attempts, ``backoff * 2**i`` seconds apart. A call therefore fails within about
+    ``(max_retries + 1) * timeout + backoff * (2**max_retries - 1)`` seconds. ``max_concurrency``: ``generate``
+    requests in flight at once from one event loop (its connections to the server); more wait for a free
+    connection. ``secret``: the server's secret (``server_secret``; default: from the environment, ``None``
+    when none is set there); ``vocab_size``: token ids the server sends must be below it (the policy's vocabulary).
     """
 
     def __init__(
@@ -81,30 +80,33 @@ class VLLMServerEngine:
         max_retries: int = 3,
         backoff: float = 0.5,
         max_concurrency: int = 64,
+        secret: str | None = None,
+        vocab_size: int | None = None,
     ):
-        if max_retries < 0 or timeout <= 0 or connect_timeout <= 0:
-            raise ValueError("max_retries must be >= 0 and the timeouts > 0")
+        if max_retries < 0 or not 0 < timeout < float("inf") or not 0 < connect_timeout < float("inf"):
+            raise ValueError("max_retries must be >= 0 and the timeouts finite and > 0")
+        if vocab_size is not None and vocab_size < 1:
+            raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
         self.base_url = base_url.rstrip("/")
         self.timeout, self.connect_timeout = timeout, connect_timeout
         self.max_retries, self.backoff = max_retries, backoff
-        self._local = threading.local()
-        self._http = AsyncHTTPClient(self.base_url, connect_timeout=connect_timeout, max_connections=max_concurrency)
-        served = self.request("GET", "/v1/models")["data"]
+        self.vocab_size = vocab_size
+        secret = secret_from_environment() if secret is None else check_secret(secret, "secret")
+        headers = auth_headers(secret)
+        self._http = AsyncHTTPClient(
+            self.base_url, connect_timeout=connect_timeout, max_connections=max_concurrency, headers=headers
+        )
+        served = self.request("GET", "/v1/models", check=server_answers.served_models)
         if model is None and len(served) != 1:
             raise ValueError(f"{self.base_url} serves {[m['id'] for m in served]}; pass model=")
         entry = served[0] if model is None else next((m for m in served if m["id"] == model), None)
         if entry is None:
             raise ValueError(f"{self.base_url} does not serve {model!r}; it serves {[m['id'] for m in served]}")
         self.model = entry["id"]
-        self.max_model_len = int(entry["max_model_len"])
+        self.max_model_len = entry["max_model_len"]
         self._weight_sync = None
 
     # -- HTTP -------------------------------------------------------------------------------------------
-    def _session(self) -> requests.Session:
-        if not hasattr(self._local, "session"):
-            self._local.session = requests.Session()
-        return self._local.session
-
     def request(
         self,
         method: str,
@@ -113,34 +115,31 @@ class VLLMServerEngine:
         *,
         timeout: float | None = None,
         retries: int | None = None,
+        check=None,
     ):
-        """One blocking JSON call with retries (``retries``, default ``max_retries``; 0 for calls that must not be
-        repeated, e.g. one coupled to an NCCL broadcast); returns the decoded body (``None`` when empty)."""
+        """One blocking JSON call: ``arequest`` on a private event loop (``event_loop.run_blocking``), from any
+        thread."""
+        from trl_gptoss.rollout.event_loop import run_blocking
+
+        return run_blocking(lambda: self.arequest(method, path, payload, timeout=timeout, retries=retries, check=check))
+
+    async def arequest(
+        self,
+        method: str,
+        path: str,
+        payload: dict | None = None,
+        *,
+        timeout: float | None = None,
+        retries: int | None = None,
+        check=None,
+    ):
+        """One JSON call from the running event loop with ``retries`` retries (default ``max_retries``; 0 for calls
+        that must not be repeated, e.g. one coupled to an NCCL broadcast). Returns the decoded body (``None`` when
+        empty), or ``check(body)`` when given: a ``MalformedAnswer`` it raises is retried like a 5xx answer (give
+        ``check`` only for calls that change nothing on the server)."""
         url = f"{self.base_url}{path}"
         last_error = None
         attempts = (self.max_retries if retries is None else retries) + 1
-        for attempt in range(attempts):
-            if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-            try:
-                response = self._session().request(
-                    method, url, json=payload, timeout=(self.connect_timeout, timeout or self.timeout)
-                )
-            except (requests.ConnectionError, requests.Timeout) as exc:
-                last_error = f"{type(exc).__name__}: {exc}"
-                self._local.__dict__.pop("session", None)  # a broken keep-alive connection is not reused
-                continue
-            last_error = _server_error(url, response.status_code, response.text)
-            if last_error is None:
-                return response.json() if response.content else None
-        raise VLLMServerError(f"vLLM server at {url} failed after {attempts} attempt(s): {last_error}")
-
-    async def arequest(self, method: str, path: str, payload: dict | None = None, *, timeout: float | None = None):
-        """``request`` from the running event loop (``http_async``: no thread), with the same timeouts and
-        ``max_retries`` retries."""
-        url = f"{self.base_url}{path}"
-        last_error = None
-        attempts = self.max_retries + 1
         for attempt in range(attempts):
             if attempt:
                 await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
@@ -149,15 +148,18 @@ class VLLMServerEngine:
             except HTTPTransportError as exc:
                 last_error = str(exc)
                 continue
-            last_error = _server_error(url, response.status, response.text)
-            if last_error is None:
-                try:
-                    return response.json()
-                except ValueError:
-                    raise VLLMServerError(
-                        f"vLLM server at {url} answered HTTP {response.status} with a body that is not JSON: "
-                        f"{response.text[:200]!r}"
-                    ) from None
+            last_error = _server_error(url, response)
+            if last_error is not None:
+                continue
+            try:
+                body = response.json()
+                return body if check is None else check(body)
+            except MalformedAnswer as exc:
+                last_error = f"malformed answer: {exc}"
+            except ValueError:
+                last_error = f"answered HTTP {response.status} with a body that is not JSON: {response.text[:200]!r}"
+                if check is None:
+                    raise VLLMServerError(f"vLLM server at {url} {last_error}") from None
         raise VLLMServerError(f"vLLM server at {url} failed after {attempts} attempt(s): {last_error}")
 
     def health(self) -> bool:
@@ -180,21 +182,27 @@ class VLLMServerEngine:
             "prompt_logprobs": 0,
             "return_tokens_as_token_ids": True,
         }
-        entries = self.request("POST", "/v1/completions", payload)["choices"][0]["prompt_logprobs"][1:]
-        return [_logprob_of(token, entry, self.base_url) for token, entry in zip(token_ids[1:], entries)]
+        return self.request(
+            "POST", "/v1/completions", payload, check=lambda answer: server_answers.prompt_logprobs(answer, token_ids)
+        )
 
     # -- RolloutEngine ----------------------------------------------------------------------------------
+    def _generation_check(self, request: GenerationRequest):
+        def check(answer) -> Generation:
+            choice = server_answers.only_choice(answer)
+            return server_answers.generation(choice, vocab_size=self.vocab_size, max_tokens=request.max_new_tokens)
+
+        return check
+
     def generate_sync(self, request: GenerationRequest) -> Generation:
         request.check_fits(self.max_model_len)
-        answer = self.request("POST", "/v1/completions", completion_payload(self.model, request))
-        (choice,) = answer["choices"]
-        return generation_from_choice(choice)
+        payload = completion_payload(self.model, request)
+        return self.request("POST", "/v1/completions", payload, check=self._generation_check(request))
 
     async def generate(self, request: GenerationRequest) -> Generation:
         request.check_fits(self.max_model_len)
-        answer = await self.arequest("POST", "/v1/completions", completion_payload(self.model, request))
-        (choice,) = answer["choices"]
-        return generation_from_choice(choice)
+        payload = completion_payload(self.model, request)
+        return await self.arequest("POST", "/v1/completions", payload, check=self._generation_check(request))
 
     async def aclose(self) -> None:
         """Close the running event loop's connections now (they are closed anyway when the loop ends)."""
@@ -219,30 +227,33 @@ class VLLMServerEngine:
 
     def close(self) -> None:
         self._http.close()
-        session = self._local.__dict__.pop("session", None)
-        if session is not None:
-            session.close()
         if self._weight_sync is not None:
             self._weight_sync.close()
 
 
-def _server_error(url: str, status: int, text: str) -> str | None:
-    """``None`` for a success; the retryable error of a 5xx answer; raises for a 4xx answer (a request the
-    server refuses is not repeated): ``ValueError`` when it is too long for the context, else
-    ``VLLMServerError``, both naming the URL, the status and the server's message."""
-    if status < 400:
+def _server_error(url: str, response) -> str | None:
+    """``None`` for a success; the retryable error of a 5xx answer; raises for a 3xx answer (a redirect is never
+    followed: pushes and scores must reach the server they were given) and a 4xx answer (a request the server
+    refuses is not repeated): ``ValueError`` when it is too long for the context, else ``VLLMServerError``, both
+    naming the URL, the status and the server's message."""
+    status, text = response.status, response.text
+    if status < 300:
         return None
+    if status < 400:
+        where = response.headers.get("location", "nowhere")[:200]
+        raise VLLMServerError(
+            f"vLLM server at {url} answered HTTP {status}, a redirect to {where!r}; redirects are refused: give the "
+            "server's own URL"
+        )
     if status >= 500:
         return f"HTTP {status}: {text[:500]}"
     detail = text[:1000]
     if status == 400 and "max" in detail and ("context" in detail or "length" in detail):
         raise ValueError(f"vLLM server at {url} rejected the request as too long: {detail}")
+    if status in (401, 403):
+        raise VLLMServerError(
+            f"vLLM server at {url} answered HTTP {status}: {detail}; this route needs the server's secret: set "
+            "$TRL_GPTOSS_SERVER_SECRET or $TRL_GPTOSS_SERVER_SECRET_FILE (check-sync: --secret-file) to the one "
+            "the server was started with"
+        )
     raise VLLMServerError(f"vLLM server at {url} answered HTTP {status}: {detail}")
-
-
-def _logprob_of(token: int, entry: dict, url: str) -> float:
-    """The log-prob of ``token`` in one ``prompt_logprobs`` entry (keyed ``"N"`` or ``"token_id:N"``)."""
-    values = [v["logprob"] for k, v in entry.items() if k in (str(token), f"token_id:{token}")]
-    if len(values) != 1:
-        raise VLLMServerError(f"vLLM server at {url} returned no prompt log-prob for token {token}: {entry}")
-    return float(values[0])

@@ -7,6 +7,7 @@
 - ``cli_commands``: the ``grpo``, ``demo`` and ``plot`` subcommands of ``trl-gptoss``.
 - ``env``: ``trl-gptoss env``, the installed stack against the ranges trl-gptoss is tested with.
 - ``check_sync``: ``trl-gptoss check-sync``, proof that a push reached every parameter group of running servers.
+- ``vllm_serve``: ``trl-gptoss vllm-serve``, a checkpoint served for rollouts and weight pushes.
 
 Nothing here is imported by ``import trl_gptoss``.
 """

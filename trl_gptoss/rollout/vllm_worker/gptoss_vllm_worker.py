@@ -2,7 +2,8 @@
 
 Imported by vLLM (``--worker-extension-cls gptoss_vllm_worker.GptOssWeightSyncExtension``) in the server's own
 interpreter, which has neither trl_gptoss nor our transformers: this file imports only torch, safetensors and
-vLLM. Its methods are mixed into the worker class and called over ``/collective_rpc`` (dev mode).
+vLLM. Its methods are mixed into the worker class and called over ``/collective_rpc`` (dev mode), which
+``gptoss_vllm_auth.SecretMiddleware`` opens only to holders of the run's secret.
 
 Why not just ``model_runner.reload_weights``: vLLM's layerwise reload parks every layer's tensors on the meta
 device and only re-materialises layers whose parameter ``weight_loader`` was called. GPT-OSS's ``load_weights``
@@ -31,6 +32,7 @@ from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import load_file
 
 _LAYER_RE = re.compile(r"^(model\.layers\.\d+)\.")
+PUSH_FILE_RE = re.compile(r"gptoss-push-[A-Za-z0-9_]+\.safetensors")  # tempfile.mkstemp(prefix=, suffix=) names
 
 
 def loads_directly(name: str) -> bool:
@@ -39,9 +41,14 @@ def loads_directly(name: str) -> bool:
 
 
 def _read_source(source: str) -> dict[str, torch.Tensor]:
+    """The tensors of one push group: a pusher's shared-memory file (``{"path": ...}``, named
+    ``PUSH_FILE_RE``: no other file on the host is read) or base64 safetensors bytes (``{"b64": ...}``)."""
     spec = json.loads(source)
     if "path" in spec:
-        return load_file(spec["path"])
+        path = Path(spec["path"])
+        if not PUSH_FILE_RE.fullmatch(path.name) or path.is_symlink():
+            raise ValueError(f"gptoss_load_weights: {path.name!r} is not a push file (gptoss-push-*.safetensors)")
+        return load_file(str(path))
     return load_safetensors_bytes(base64.b64decode(spec["b64"]))
 
 

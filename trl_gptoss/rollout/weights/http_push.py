@@ -55,7 +55,8 @@ class HTTPWeightPusher:
         tensors = {n: t.detach().to("cpu", self.dtype).contiguous() for n, t in group}
         self._sent += sum(t.numel() * t.element_size() for t in tensors.values())
         for key, value in self._apply(tensors).items():
-            self._server_seconds[key] += value
+            if key in self._server_seconds and isinstance(value, (int, float)):
+                self._server_seconds[key] += value
 
     def end_pass(self, pass_name: str) -> None:
         if pass_name == "reload" and self._reloading:
@@ -88,7 +89,8 @@ class HTTPWeightPusher:
         self._reloading = False
         results = collective_rpc(self.engine, "gptoss_finish_reload")
         self._calls["finish_reload"] += 1
-        self._server_seconds["finish_reload"] += results[0]["seconds"]
+        seconds = results[0].get("seconds") if isinstance(results[0], dict) else None
+        self._server_seconds["finish_reload"] += seconds if isinstance(seconds, (int, float)) else 0.0
 
     def _apply(self, tensors: dict[str, torch.Tensor]) -> dict[str, float]:
         """Send one group; returns the first worker's time split (read / reload / direct load + repack)."""
@@ -104,13 +106,19 @@ class HTTPWeightPusher:
                 results = collective_rpc(self.engine, "gptoss_load_weights", json.dumps({"path": path}))
             finally:
                 os.unlink(path)
-        for result in results:
-            applied = set(result["reloaded"]) | set(result["direct"])
+        for index, result in enumerate(results):
+            if not isinstance(result, dict) or not all(isinstance(result.get(k), list) for k in ("reloaded", "direct")):
+                raise RuntimeError(
+                    f"vLLM server at {self.engine.base_url}/collective_rpc: field results[{index}] of "
+                    f"gptoss_load_weights is not {{reloaded: [...], direct: [...], ...}}: {str(result)[:200]}"
+                )
+            applied = set(map(str, result["reloaded"])) | set(map(str, result["direct"]))
             if applied != set(tensors):
                 raise RuntimeError(
                     f"vLLM worker at {self.engine.base_url} applied {sorted(applied)} but was sent {sorted(tensors)}"
                 )
-        return results[0]["seconds"]
+        seconds = results[0].get("seconds")
+        return seconds if isinstance(seconds, dict) else {}
 
     def close(self) -> None:
         pass

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 
 def collective_rpc(engine, method: str, *args: str, timeout: float = 600.0, retries: int | None = None) -> list:
-    """Call an extension method on every vLLM worker; returns one result per worker."""
+    """Call an extension method on every vLLM worker; returns one result per worker (a ``VLLMServerError`` naming
+    the URL and the field when the answer has none)."""
+    from trl_gptoss.rollout.server_answers import MalformedAnswer, rpc_results
+    from trl_gptoss.rollout.vllm_engine import VLLMServerError
+
     payload = {"method": method, "args": list(args)}
-    return engine.request("POST", "/collective_rpc", payload, timeout=timeout, retries=retries)["results"]
+    answer = engine.request("POST", "/collective_rpc", payload, timeout=timeout, retries=retries)
+    try:
+        return rpc_results(answer)
+    except MalformedAnswer as exc:
+        raise VLLMServerError(f"vLLM server at {engine.base_url}/collective_rpc ({method}): {exc}") from None
 
 
 def reset_prefix_cache(engine) -> None:

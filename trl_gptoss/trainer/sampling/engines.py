@@ -40,18 +40,22 @@ def build_in_process(args, model, tokenizer) -> BuiltEngine:
 
 
 def build_vllm_server(args, model, tokenizer) -> BuiltEngine:
-    """One or more ``vllm serve`` processes (``rollout_server_url``), or one started from the policy."""
+    """One or more ``vllm serve`` processes (``rollout_server_url``, their secret from the environment), or one
+    started from the policy (with this run's own secret). Token ids the servers send must be in the policy's
+    vocabulary."""
     from trl_gptoss.rollout.multi_server import MultiServerEngine
     from trl_gptoss.rollout.vllm_engine import VLLMServerEngine
+    from trl_gptoss.rollout.weights.names import unwrap
     from trl_gptoss.trainer.sampling.servers import check_server, refuse_zero3, start_server
 
     refuse_zero3(args, model)
-    urls, release = args.rollout_server_url, None
+    urls, secret, release = args.rollout_server_url, None, None
     if urls is None:
-        url, release = start_server(args, model, tokenizer)
+        url, secret, release = start_server(args, model, tokenizer)
         urls = [url]
     check_server(urls)
-    engine = VLLMServerEngine(urls[0]) if len(urls) == 1 else MultiServerEngine(urls)
+    options = {"secret": secret, "vocab_size": getattr(unwrap(model, peft=True).config, "vocab_size", None)}
+    engine = VLLMServerEngine(urls[0], **options) if len(urls) == 1 else MultiServerEngine(urls, **options)
     return BuiltEngine(engine, release)
 
 

@@ -43,12 +43,15 @@ def refuse_zero3(args, model) -> None:
 def start_server(args, model, tokenizer):
     """Save a merged COPY of the model (``push_layers``: adapters merged into gathered copies, the trained model
     untouched, one layer in memory at a time) and serve it with ``vllm serve``; its weights are replaced by a push
-    before the first rollout anyway. Collective under ``torch.distributed``: every rank calls it, rank 0 writes
-    the checkpoint and starts the one server, every rank gets its URL. Returns ``(url, release)``: ``release``
-    stops the server and removes the copy (also registered at exit), ``None`` on the other ranks."""
+    before the first rollout anyway. The server binds loopback and gets a fresh secret (``server_secret``) for
+    its weight, pause and cache routes: only this run can change what it serves. Collective under
+    ``torch.distributed``: every rank calls it, rank 0 writes the checkpoint and starts the one server, every rank
+    gets its URL and secret. Returns ``(url, secret, release)``: ``release`` stops the server and removes the copy
+    (also registered at exit), ``None`` on the other ranks."""
     import torch.distributed as dist
 
     from trl_gptoss.rollout.server import VLLMServer
+    from trl_gptoss.rollout.server_secret import new_secret
 
     distributed = dist.is_available() and dist.is_initialized()
     if distributed and dist.get_rank() != 0:
@@ -57,7 +60,8 @@ def start_server(args, model, tokenizer):
         dist.broadcast_object_list(box, src=0)
         if box[0] is None:
             raise RuntimeError("rank 0 could not start the vLLM rollout server; its log has the error")
-        return box[0], None
+        url, secret = box[0]
+        return url, secret, None
     tmp = tempfile.TemporaryDirectory(prefix="trl-gptoss-rollout-")
     path = Path(tmp.name)
     save_merged_checkpoint(model, path)
@@ -67,18 +71,19 @@ def start_server(args, model, tokenizer):
         max_model_len=args.rollout_max_model_len,
         startup_timeout=args.rollout_server_timeout,
         remove_on_exit=[path],  # the model copy goes with the server, even if this process is killed
+        secret=new_secret(),
     )
     release = _releaser(server, tmp)
-    url = None
+    started = None
     try:
         server.start()
-        url = server.base_url
+        started = (server.base_url, server.secret)
     finally:
         atexit.register(release)  # a server this process started never outlives it
-        if distributed:  # the other ranks wait for the URL (None: the start failed)
-            dist.broadcast_object_list([url], src=0)
-    logger.info("started a vLLM rollout server at %s", url)
-    return url, release
+        if distributed:  # the other ranks wait for the URL and secret (None: the start failed)
+            dist.broadcast_object_list([started], src=0)
+    logger.info("started a vLLM rollout server at %s", server.base_url)
+    return server.base_url, server.secret, release
 
 
 def _releaser(server, tmp: tempfile.TemporaryDirectory):

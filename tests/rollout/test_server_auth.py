@@ -1,0 +1,240 @@
+"""Who may change a rollout server: the run's secret guards every route that changes or pauses the server.
+
+The middleware is tested as the ASGI callable vLLM loads; the launcher's rules (secret by environment, loopback
+without one) on its command and environment; end to end, a server the trainer starts (its secret made for the
+run) refuses an unauthenticated weight load, pause and cache reset -- the served log-probs do not move -- while the
+trainer's own pushes pass ``check_sync``.
+"""
+
+import asyncio
+import base64
+import json
+import os
+
+import pytest
+import torch
+
+from trl_gptoss.rollout.server import VLLMServer
+from trl_gptoss.rollout.server_secret import (
+    SECRET_ENV,
+    SECRET_FILE_ENV,
+    auth_headers,
+    new_secret,
+    read_secret_file,
+    secret_from_environment,
+)
+from trl_gptoss.rollout.vllm_worker import gptoss_vllm_auth
+from trl_gptoss.rollout.vllm_worker.gptoss_vllm_auth import SecretMiddleware
+
+SECRET = "s3cret-for-tests-only-0123456789"
+CHANGING = [
+    ("POST", "/collective_rpc"),
+    ("POST", "/pause"),
+    ("POST", "/resume"),
+    ("POST", "/reset_prefix_cache"),
+    ("POST", "/reset_mm_cache"),
+    ("POST", "/init_weight_transfer_engine"),
+    ("POST", "/start_weight_update"),
+    ("POST", "/update_weights"),
+    ("POST", "/finish_weight_update"),
+    ("POST", "/sleep"),
+    ("POST", "/v1/load_lora_adapter"),
+    ("GET", "/server_info"),  # its environment dump would show the secret
+    ("POST", "/a_route_a_later_vllm_adds"),
+]
+SERVING = [("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/completions"), ("HEAD", "/health")]
+
+
+def _call(middleware, method, path, headers=(), root_path=""):
+    """The status the middleware answers (200: passed to the app)."""
+    sent = []
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    scope = {"type": "http", "method": method, "path": root_path + path, "root_path": root_path, "headers": headers}
+    asyncio.run(
+        SecretMiddleware(app, SECRET)(scope, receive, send) if middleware is None else middleware(scope, receive, send)
+    )
+    return sent[0]["status"]
+
+
+def _headers(secret):
+    return [(k.lower().encode(), v.encode()) for k, v in auth_headers(secret).items()]
+
+
+@pytest.mark.parametrize("method, path", CHANGING, ids=[p for _, p in CHANGING])
+def test_routes_that_change_the_server_need_the_secret(method, path):
+    assert _call(None, method, path) == 401
+    assert _call(None, method, path, _headers("wrong-secret-0123456789")) == 401
+    assert _call(None, method, path, [(b"authorization", SECRET.encode())]) == 401  # not "Bearer <secret>"
+    assert _call(None, method, path, _headers(SECRET) * 2) == 401  # two credentials: refused, not guessed
+    assert _call(None, method, path, _headers(SECRET)) == 200
+    assert _call(None, method, path, _headers(SECRET), root_path="/prefix") == 200
+    assert _call(None, method, path, root_path="/prefix") == 401
+
+
+@pytest.mark.parametrize("method, path", SERVING, ids=[f"{m}{p}" for m, p in SERVING])
+def test_serving_and_read_only_routes_stay_open(method, path):
+    assert _call(None, method, path) == 200
+    assert _call(None, "DELETE", path) == 401  # another method on an open path is not open
+
+
+def test_the_middleware_will_not_start_open(monkeypatch):
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    with pytest.raises(RuntimeError, match=SECRET_ENV):
+        SecretMiddleware(lambda *a: None)
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    assert _call(SecretMiddleware(lambda *a: None), "POST", "/pause") == 401
+    assert gptoss_vllm_auth.SECRET_ENV == SECRET_ENV  # the server-side file cannot import the constant
+
+
+def test_secrets_come_from_the_environment_or_a_private_file(tmp_path, monkeypatch):
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    monkeypatch.delenv(SECRET_FILE_ENV, raising=False)
+    assert secret_from_environment() is None
+    path = tmp_path / "secret"
+    path.write_text(SECRET + "\n")
+    path.chmod(0o644)
+    with pytest.raises(ValueError, match=f"can be read by other users .*chmod 600 {path}"):
+        read_secret_file(path)
+    path.chmod(0o600)
+    monkeypatch.setenv(SECRET_FILE_ENV, str(path))
+    assert secret_from_environment() == SECRET
+    monkeypatch.setenv(SECRET_ENV, "short")
+    with pytest.raises(ValueError, match=f"\\${SECRET_ENV}: a server secret must be at least 16"):
+        secret_from_environment()
+    with pytest.raises(ValueError, match="secret file .*missing"):
+        read_secret_file(tmp_path / "missing")
+
+
+def test_the_secret_reaches_the_server_by_environment_and_guards_it(tiny_checkpoint, monkeypatch):
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    monkeypatch.delenv(SECRET_FILE_ENV, raising=False)
+    secret = new_secret()
+    server = VLLMServer(tiny_checkpoint, device="cpu", secret=secret, host="0.0.0.0")
+    assert secret not in " ".join(server.command), "a secret on the command line is visible to every local user"
+    assert server._env[SECRET_ENV] == secret
+    assert server.command[server.command.index("--middleware") + 1] == "gptoss_vllm_auth.SecretMiddleware"
+    assert server.base_url.startswith("http://127.0.0.1:")
+    monkeypatch.setenv(SECRET_ENV, "inherited-but-not-ours-0123456789")
+    open_server = VLLMServer(tiny_checkpoint, device="cpu", secret=None)
+    assert open_server.secret == "inherited-but-not-ours-0123456789"  # the user's environment names it
+    monkeypatch.delenv(SECRET_ENV)
+    open_server = VLLMServer(tiny_checkpoint, device="cpu")
+    assert "--middleware" not in open_server.command and SECRET_ENV not in open_server._env
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.7"])
+def test_a_bind_other_machines_reach_needs_a_secret(tiny_checkpoint, host, monkeypatch, capsys):
+    from trl_gptoss.cli import main
+
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    monkeypatch.delenv(SECRET_FILE_ENV, raising=False)
+    with pytest.raises(ValueError, match="not a loopback address.*secret"):
+        VLLMServer(tiny_checkpoint, device="cpu", host=host)
+    assert main(["vllm-serve", "--model", str(tiny_checkpoint), "--host", host, "--device", "cpu"]) == 2
+    error = capsys.readouterr().err
+    assert f"--host {host} is not a loopback address" in error and "Give --secret-file FILE" in error
+    for loopback in ("127.0.0.1", "localhost", "::1", "127.0.0.2"):
+        VLLMServer(tiny_checkpoint, device="cpu", host=loopback)
+
+
+def test_the_worker_reads_only_push_files(tmp_path):
+    from safetensors.torch import save_file
+
+    from trl_gptoss.rollout.vllm_worker.gptoss_vllm_worker import _read_source
+
+    other = tmp_path / "model.safetensors"
+    save_file({"x": torch.ones(2)}, str(other))
+    with pytest.raises(ValueError, match="not a push file"):
+        _read_source(json.dumps({"path": str(other)}))
+    push = tmp_path / "gptoss-push-abc_123.safetensors"
+    os.link(other, push)
+    assert torch.equal(_read_source(json.dumps({"path": str(push)}))["x"], torch.ones(2))
+
+
+# -- end to end: a server the trainer starts -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trainer_started(tiny_checkpoint):
+    """``(engine, model, release)`` built the way the trainer builds them (``rollout_server_url: null``)."""
+    from types import SimpleNamespace
+
+    from transformers import GptOssForCausalLM
+
+    from trl_gptoss.testing import harmony_tokenizer
+    from trl_gptoss.trainer.sampling import ENGINE_KINDS
+
+    model = GptOssForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32, attn_implementation="eager")
+    args = SimpleNamespace(
+        rollout_backend="vllm_server", rollout_server_url=None, rollout_max_model_len=256, rollout_server_timeout=900
+    )
+    saved = {k: os.environ.pop(k) for k in (SECRET_ENV, SECRET_FILE_ENV) if k in os.environ}
+    built = ENGINE_KINDS["vllm_server"].build(args, model.eval(), harmony_tokenizer())
+    try:
+        yield built.engine, model
+    finally:
+        built.engine.close()
+        built.release()
+        os.environ.update(saved)
+
+
+def _raw(url, method, path, payload=None, secret=None):
+    from trl_gptoss.rollout.http_async import AsyncHTTPClient, request_blocking
+
+    client = AsyncHTTPClient(url, connect_timeout=5, max_connections=1, headers=auth_headers(secret))
+    return request_blocking(client, method, path, payload, timeout=60)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.xdist_group("vllm")
+def test_unauthenticated_loads_pauses_and_resets_are_refused_and_change_nothing(trainer_started):
+    from safetensors.torch import save
+
+    engine, model = trainer_started
+    url = engine.base_url
+    sequence = [5, 40, 41, 42, 7, 300, 301, 17, 99, 100]
+    before = engine.score(sequence)
+    sinks = {n: torch.full_like(p, 9.0) for n, p in model.named_parameters() if n.endswith("sinks")}
+    load = {"method": "gptoss_load_weights", "args": [json.dumps({"b64": base64.b64encode(save(sinks)).decode()})]}
+    for secret in (None, "a-guess-that-is-long-enough-0123"):
+        for method, path, payload in [
+            ("POST", "/collective_rpc", load),
+            ("POST", "/collective_rpc", {"method": "gptoss_start_reload", "args": []}),
+            ("POST", "/pause?mode=abort", None),
+            ("POST", "/reset_prefix_cache", None),
+            ("POST", "/resume", None),
+            ("GET", "/server_info", None),
+        ]:
+            answer = _raw(url, method, path, payload, secret)
+            assert answer.status == 401, f"{method} {path} with secret={secret!r}: HTTP {answer.status}"
+    assert _raw(url, "GET", "/is_paused").json() == {"is_paused": False}
+    assert engine.score(sequence) == before, "an unauthenticated call moved the served log-probs"
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.xdist_group("vllm")
+def test_the_trainers_own_pushes_still_pass_check_sync(trainer_started):
+    from trl_gptoss.rollout.vllm_engine import VLLMServerEngine, VLLMServerError
+    from trl_gptoss.rollout.weights.check_sync import check_sync, random_prompts
+
+    engine, model = trainer_started
+    prompts = random_prompts(model.config.vocab_size, 2, 12, seed=3)
+    report = check_sync([engine], model, prompts, groups=("sinks", "experts"))
+    assert report.ok, report.failed
+    stranger = VLLMServerEngine(engine.base_url, max_retries=0)  # no secret in this environment
+    try:
+        with pytest.raises(VLLMServerError, match=f"{engine.base_url}/collective_rpc answered HTTP 401.*SECRET"):
+            stranger.push_weights(model)
+    finally:
+        stranger.close()

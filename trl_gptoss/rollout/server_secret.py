@@ -1,0 +1,84 @@
+"""The shared secret that guards a rollout server's control routes (weights, pause and resume, caches).
+
+A server the trainer starts gets a fresh secret (``new_secret``) that only that run holds. A server the user
+starts (``trl-gptoss vllm-serve``) takes one from ``--secret-file FILE`` or from the environment:
+``$TRL_GPTOSS_SERVER_SECRET``, or a file named by ``$TRL_GPTOSS_SERVER_SECRET_FILE``; the trainer, the weight
+pushers and ``check-sync`` read the same variables (``secret_from_environment``). Clients send it as
+``Authorization: Bearer <secret>`` (``auth_headers``); inside the server ``vllm_worker/gptoss_vllm_auth.py``
+answers 401 to every route but the serving and read-only ones when it is missing or wrong. A server without a
+secret binds loopback only (``is_loopback``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+import socket
+import stat
+from pathlib import Path
+
+SECRET_ENV = "TRL_GPTOSS_SERVER_SECRET"
+SECRET_FILE_ENV = "TRL_GPTOSS_SERVER_SECRET_FILE"
+MIN_SECRET_CHARS = 16
+_MAKE_ONE = "e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))' > FILE; chmod 600 FILE"
+
+
+def new_secret() -> str:
+    """A fresh secret for one run (256 random bits, URL-safe text)."""
+    return secrets.token_urlsafe(32)
+
+
+def check_secret(secret, source: str) -> str:
+    """``secret`` when it is at least ``MIN_SECRET_CHARS`` printable ASCII characters without spaces (it travels
+    in an HTTP header); else a ``ValueError`` naming ``source``."""
+    if not isinstance(secret, str) or len(secret) < MIN_SECRET_CHARS or not all(33 <= ord(c) < 127 for c in secret):
+        raise ValueError(
+            f"{source}: a server secret must be at least {MIN_SECRET_CHARS} printable ASCII characters without "
+            f"spaces ({_MAKE_ONE})"
+        )
+    return secret
+
+
+def read_secret_file(path) -> str:
+    """The secret in ``path`` (surrounding whitespace stripped); refuses a file other users can read."""
+    path = Path(path).expanduser()
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise ValueError(f"secret file {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"secret file {path} is not a regular file")
+    if mode & 0o077:
+        mode_text = f"{stat.S_IMODE(mode):o}"
+        raise ValueError(f"secret file {path} can be read by other users (mode {mode_text}); chmod 600 {path}")
+    return check_secret(path.read_text().strip(), f"secret file {path}")
+
+
+def secret_from_environment(environ=None) -> str | None:
+    """``$TRL_GPTOSS_SERVER_SECRET``, else the contents of ``$TRL_GPTOSS_SERVER_SECRET_FILE``, else ``None``."""
+    environ = os.environ if environ is None else environ
+    if environ.get(SECRET_ENV):
+        return check_secret(environ[SECRET_ENV], f"${SECRET_ENV}")
+    if environ.get(SECRET_FILE_ENV):
+        return read_secret_file(environ[SECRET_FILE_ENV])
+    return None
+
+
+def auth_headers(secret: str | None) -> dict[str, str]:
+    """The request headers that carry ``secret`` (none without one)."""
+    return {} if secret is None else {"Authorization": f"Bearer {secret}"}
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) is reachable only from this machine: every address it resolves to
+    is a loopback address. ``0.0.0.0`` and ``::`` (every interface) are not."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
