@@ -29,6 +29,27 @@ from trl_gptoss.testing import tiny_gpt_oss
 PROMPTS = random_prompts(512, 3, 24, seed=1, exclude=range(9))  # the small tokenizer: 0-8 are Harmony controls
 
 
+@pytest.mark.parametrize("moved_tolerance", [0.9, 1.0, 5.0])
+def test_a_moved_tolerance_that_could_pass_a_stale_server_is_refused(moved_tolerance):
+    with pytest.raises(ValueError, match=f"moved_tolerance={moved_tolerance} could pass a server that kept its old"):
+        check_sync([], tiny_gpt_oss(), PROMPTS, moved_tolerance=moved_tolerance)
+
+
+def test_the_stale_verdict_comes_before_the_moved_tolerance():
+    """A server whose scores did not move with the push is stale, whatever ``moved_tolerance`` a caller set."""
+    from types import SimpleNamespace
+
+    from trl_gptoss.rollout.weights.check_sync import SyncReport, _judge_group
+
+    base = torch.tensor([-1.0, -2.0, -3.0], dtype=torch.float64)
+    expected = base + torch.tensor([0.5, -0.5, 0.25], dtype=torch.float64)
+    server = SimpleNamespace(base_url="http://127.0.0.1:9")
+    for moved_tolerance in (None, 0.5, 1.5):  # 1.5: past the refusal, as a caller building a report could set
+        report = SyncReport([], 1e-4, moved_tolerance, 0.2, 0, 1, 3)
+        (result,) = _judge_group([server], [base.clone()], expected, base, [base.clone()], report)
+        assert (result.verdict, result.moved) == ("stale", 0.0), moved_tolerance
+
+
 def test_every_tiny_parameter_has_a_group_and_every_group_is_present():
     groups = grouped_parameters(tiny_gpt_oss(seed=0))
     assert list(groups) == list(GROUPS)

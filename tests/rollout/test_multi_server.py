@@ -3,6 +3,7 @@
 import asyncio
 
 import pytest
+import requests
 import torch
 from transformers import GptOssForCausalLM
 
@@ -118,7 +119,59 @@ def test_two_real_servers_each_receive_and_verify_every_push(vllm_tiny_server, t
 
 def _served(engine: VLLMServerEngine) -> int:
     """Completion requests the server has finished (its Prometheus counter)."""
-    text = engine._session().get(f"{engine.base_url}/metrics", timeout=10).text
+    text = requests.get(f"{engine.base_url}/metrics", timeout=10).text
     return int(
         sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:request_success_total"))
     )
+
+
+def test_urls_are_normalised_once_before_the_duplicate_check():
+    assert server_urls("HTTP://LocalHost:08000/, http://127.0.0.1:8001") == [
+        "http://127.0.0.1:8000",
+        "http://127.0.0.1:8001",
+    ]
+    assert server_urls(["http://[::1]:9", "http://127.0.0.1"]) == ["http://[::1]:9", "http://127.0.0.1:80"]
+
+
+@pytest.mark.parametrize(
+    "urls, match",
+    [
+        (["http://localhost:8000", "http://127.0.0.1:8000"], "'http://localhost:8000' and 'http://127.0.0.1:8000'"),
+        (["HTTP://127.0.0.1:8000", "http://127.0.0.1:8000"], "are both http://127.0.0.1:8000"),
+        (["http://127.1:8000", "http://127.0.0.1:8000"], "are both http://127.0.0.1:8000"),
+        (["http://127.0.0.1:08000", "http://127.0.0.1:8000"], "are both http://127.0.0.1:8000"),
+        ("http://user:secret@127.0.0.1:8000", "carries credentials"),
+        ("http://127.0.0.1:8000/v1", "has a path"),
+        ("http://127.0.0.1:8000?model=x", "has a query"),
+        ("http://127.0.0.1:8000#x", "has a fragment"),
+        ("http://127.0.0.1:99999", "not a valid http"),
+        ("http://127.0.0.1:0", "port must be an integer in 1-65535"),
+        ("http://127.0.0.1:８０", "not a valid http|port must be"),
+        ("http://no-such-host.invalid:8000", "'no-such-host.invalid' does not resolve"),
+        ("ftp://127.0.0.1:21", "not an http"),
+        ("localhost:8000", "not an http"),
+        (["http://127.0.0.1:1", " "], "empty entry"),
+    ],
+    ids=[
+        "localhost-vs-ip",
+        "scheme-case",
+        "short-ip",
+        "leading-zero-port",
+        "userinfo",
+        "path",
+        "query",
+        "fragment",
+        "port-range",
+        "port-zero",
+        "fullwidth-port",
+        "unresolvable",
+        "scheme",
+        "no-scheme",
+        "empty",
+    ],
+)
+def test_refused_urls_name_the_field_and_the_entry(urls, match):
+    with pytest.raises(ValueError, match=rf"^rollout_server_url .*({match})"):
+        server_urls(urls)
+    with pytest.raises(ValueError, match=r"^--server "):
+        server_urls(urls, name="--server")

@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trl_gptoss.rollout.multi_server import server_urls
+from trl_gptoss.rollout.server import free_port
 from trl_gptoss.scripts.grpo import JobArguments, check_job, parse_job_args
 from trl_gptoss.trainer import GptOssGRPOConfig
 
@@ -41,19 +43,32 @@ def test_training_yaml_parses_into_gptoss_grpo_config(path):
     assert set(raw) <= KNOWN, f"unknown fields {sorted(set(raw) - KNOWN)}"
     # GPU recipes ask for bf16, which TrainingArguments refuses on a CUDA-less host: parse them as they would
     # run on the CPU; every other field goes through the real parser and __post_init__ checks.
+    dead, server = None, []
+    if raw.get("rollout_server_url"):  # no server here (ROLLOUT_NODE does not even resolve): a dead local port
+        assert server_urls(raw["rollout_server_url"].replace("ROLLOUT_NODE", "127.0.0.1"))
+        dead = f"http://127.0.0.1:{free_port()}"
+        server = ["--rollout_server_url", dead]
     cpu = ["--bf16", "false", "--use_cpu", "true"] if raw.get("bf16") else []
     if raw.get("sp_size", 1) > 1:  # one process here: the SP group size is checked against it, and refused
         with pytest.raises(SystemExit, match=f"sp_size={raw['sp_size']} must divide the number of processes"):
-            parse_job_args(["--config", str(path), *cpu], check=False)
+            parse_job_args(["--config", str(path), *cpu, *server], check=False)
         cpu += ["--sp_size", "1"]
-    job, training = parse_job_args(["--config", str(path), *cpu], check=False)
+    job, training = parse_job_args(["--config", str(path), *cpu, *server], check=False)
     assert isinstance(training, GptOssGRPOConfig)
+    expected = []  # the machine-specific checks: the checkpoint directory, the servers' /health
     if not Path(job.model_name_or_path).is_dir() and job.model_name_or_path.startswith("/"):
-        with pytest.raises(SystemExit, match="is not a directory"):  # the one machine-specific check
+        expected.append("is not a directory")
+    if dead is not None:
+        expected.append(f"rollout_server_url entry '{dead}' does not answer GET /health")
+    if expected:
+        with pytest.raises(SystemExit) as info:
             check_job(job, training)
+        assert all(e in str(info.value) for e in expected), str(info.value)
     else:
         check_job(job, training)
     for name, value in raw.items():
+        if name == "rollout_server_url" and dead is not None:
+            continue
         if (name in ("bf16", "use_cpu", "sp_size") and cpu) or name == "report_to":  # "none" is normalised to []
             continue
         got = getattr(job, name) if hasattr(job, name) else getattr(training, name)
@@ -111,6 +126,7 @@ def _demo_yaml(tmp_path, **changes) -> str:
         ({"task": "sudoku"}, "task='sudoku'"),
         ({"num_generations": 1}, "num_generations"),
         ({"rollout_backend": "sglang"}, "rollout_backend"),
+        ({"rollout_backend": "vllm_server", "rollout_server_url": "http://127.0.0.1:9"}, "does not answer GET /health"),
     ],
     ids=[
         "embedded-other-task",
@@ -119,6 +135,7 @@ def _demo_yaml(tmp_path, **changes) -> str:
         "unknown-task",
         "one-generation",
         "unknown-backend",
+        "server-not-answering",
     ],
 )
 def test_impossible_combinations_fail_with_what_to_change(tmp_path, changes, expected):

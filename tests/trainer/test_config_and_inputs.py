@@ -2,6 +2,7 @@
 
 import logging
 import math
+import re
 
 import pytest
 from datasets import Dataset
@@ -217,12 +218,18 @@ def test_echoed_values_are_cut_to_a_line():
 
 def test_server_url_list_is_kept_and_a_string_becomes_one():
     one = GptOssGRPOConfig("out", use_cpu=True, rollout_server_url="http://127.0.0.1:8000")
-    two = GptOssGRPOConfig("out", use_cpu=True, rollout_server_url=["http://a:1", "https://b:2/v"])
-    assert one.rollout_server_url == ["http://127.0.0.1:8000"] and len(two.rollout_server_url) == 2
-    comma = GptOssGRPOConfig("out", use_cpu=True, rollout_server_url="http://a:1, http://b:2")
-    assert comma.rollout_server_url == ["http://a:1", "http://b:2"]
-    with pytest.raises(ValueError, match="rollout_server_url lists 'http://a:1' more than once"):
-        GptOssGRPOConfig("out", use_cpu=True, rollout_server_url=["http://a:1", "http://a:1/"])
+    two = GptOssGRPOConfig("out", use_cpu=True, rollout_server_url=["HTTP://localhost:1", "https://LocalHost:2/"])
+    assert one.rollout_server_url == ["http://127.0.0.1:8000"]
+    assert two.rollout_server_url == ["http://127.0.0.1:1", "https://localhost:2"]  # normalised once (server_urls)
+    comma = GptOssGRPOConfig("out", use_cpu=True, rollout_server_url="http://127.0.0.1:1, http://127.1:2")
+    assert comma.rollout_server_url == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    with pytest.raises(ValueError, match="rollout_server_url lists 'http://127.0.0.1:1' more than once"):
+        GptOssGRPOConfig("out", use_cpu=True, rollout_server_url=["http://127.0.0.1:1", "http://127.0.0.1:1"])
+    with pytest.raises(ValueError, match="rollout_server_url lists one server more than once"):
+        GptOssGRPOConfig("out", use_cpu=True, rollout_server_url=["http://localhost:1", "http://127.0.0.1:1/"])
+    for refused in ("http://user:pw@127.0.0.1:1", "http://127.0.0.1:1/v1", "http://127.0.0.1:1?x=1"):
+        with pytest.raises(ValueError, match=f"rollout_server_url entry '{re.escape(refused)}'"):
+            GptOssGRPOConfig("out", use_cpu=True, rollout_server_url=refused)
 
 
 @pytest.mark.parametrize(

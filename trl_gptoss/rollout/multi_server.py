@@ -78,18 +78,71 @@ class PrefixRouter:
             del self._lengths[length]
 
 
-def server_urls(urls) -> list[str]:
-    """``rollout_server_url`` as a list: one URL, a comma-separated string, or a list; refuses empty entries
-    and duplicates (one server twice would get every push twice and half of nothing)."""
+def server_urls(urls, name: str = "rollout_server_url") -> list[str]:
+    """The one normaliser of rollout server URLs (the config's ``rollout_server_url``, ``check-sync --server``):
+    one URL, a comma-separated string, or a list, as a list of ``scheme://address:port``. The scheme is lower-cased,
+    the host resolved to one address (its first IPv4 one; for ``https`` the lower-case name stays, which its
+    certificate names) and the port an integer (80 or 443 when absent). Refused, naming ``name``: empty entries,
+    other schemes, credentials in the URL (``user:pass@``: give the server's secret by file or environment), paths
+    (the engines add ``/v1/...`` themselves), queries and fragments, a host that does not resolve, and two entries
+    for one server however spelled (``localhost`` and ``127.0.0.1``, ``HTTP://``, ``127.1``, port ``08000``): one
+    server listed twice would get every push twice and half of nothing."""
     if isinstance(urls, str):
         urls = [u.strip() for u in urls.split(",")]
-    urls = [str(u).rstrip("/") for u in urls]
-    if not urls or any(not u for u in urls):
-        raise ValueError(f"rollout_server_url has an empty entry: {urls!r}")
-    duplicates = sorted({u for u in urls if urls.count(u) > 1})
-    if duplicates:
-        raise ValueError(f"rollout_server_url lists {duplicates[0]!r} more than once")
-    return urls
+    if not isinstance(urls, (list, tuple)) or not urls:
+        raise ValueError(f"{name} must be a URL or a list of URLs, got {urls!r}")
+    normalised, seen = [], {}
+    for url in urls:
+        if not isinstance(url, str) or not url.strip():
+            raise ValueError(f"{name} has an empty entry: {list(urls)!r}")
+        canonical, key = normalise_url(url.strip(), name)
+        if key in seen:
+            if seen[key] == url:
+                raise ValueError(f"{name} lists {url!r} more than once; list each server once")
+            raise ValueError(
+                f"{name} lists one server more than once: {seen[key]!r} and {url!r} are both {canonical}; list each "
+                "server once"
+            )
+        seen[key] = url
+        normalised.append(canonical)
+    return normalised
+
+
+def normalise_url(url: str, name: str = "rollout_server_url") -> tuple[str, tuple[str, int]]:
+    """``(canonical URL, (address, port))`` of one server URL (see ``server_urls``)."""
+    import ipaddress
+    import socket
+    from urllib.parse import urlsplit
+
+    example = "e.g. http://127.0.0.1:8000"
+    try:
+        parts = urlsplit(url)
+        port_text = parts.netloc.rpartition("@")[2].rpartition("]")[2].partition(":")[2]
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"{name} entry {url!r} is not a valid http(s)://HOST:PORT URL: {exc} ({example})") from None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{name} entry {url!r} is not an http(s)://HOST:PORT URL ({example})")
+    if "@" in parts.netloc:
+        raise ValueError(
+            f"{name} entry {url!r} carries credentials (user:password@): refused; the server's secret goes in "
+            "$TRL_GPTOSS_SERVER_SECRET_FILE"
+        )
+    for part, what in ((parts.path.rstrip("/"), "a path"), (parts.query, "a query"), (parts.fragment, "a fragment")):
+        if part or (what != "a path" and url.rstrip("/").endswith(("?", "#"))):
+            raise ValueError(f"{name} entry {url!r} has {what}: give the server's root URL only ({example})")
+    if port_text and not (port_text.isascii() and port_text.isdigit()) or port == 0:
+        raise ValueError(f"{name} entry {url!r}: the port must be an integer in 1-65535")
+    port = port or (443 if scheme == "https" else 80)
+    try:
+        infos = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ValueError(f"{name} entry {url!r}: the host {parts.hostname!r} does not resolve ({exc})") from None
+    addresses = [info[4][0] for info in infos]
+    address = next((a for a in addresses if ipaddress.ip_address(a.split("%")[0]).version == 4), addresses[0])
+    host = parts.hostname.lower() if scheme == "https" else (f"[{address}]" if ":" in address else address)
+    return f"{scheme}://{host}:{port}", (address, port)
 
 
 class MultiServerEngine:

@@ -4,6 +4,9 @@
 trainer does (``fa3_sink`` attention, sequential experts, float32 by default), runs
 ``trl_gptoss.rollout.weights.check_sync.check_sync`` against every server, prints a table (``--json``: the report as
 JSON) and exits 0 when every group reached every server, 1 when a row failed, 2 when the check could not run.
+Every argument is checked before any server is called (a checkpoint directory, finite numbers, a visible GPU for
+``--device cuda``, a ``--moved-tolerance`` that cannot pass a server which kept its old weights); the servers'
+secret comes from ``--secret-file`` or the environment (``trl_gptoss.rollout.server_secret``).
 """
 
 from __future__ import annotations
@@ -12,11 +15,18 @@ import argparse
 import json
 import sys
 
+from trl_gptoss.scripts.vllm_serve import at_least, checkpoint_dir, finite_positive
 
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+
+def _moved_tolerance(text: str) -> float:
+    from trl_gptoss.rollout.weights.check_sync import MAX_MOVED_TOLERANCE
+
+    value = finite_positive(text)
+    if value >= MAX_MOVED_TOLERANCE:
+        raise argparse.ArgumentTypeError(
+            f"must be < {MAX_MOVED_TOLERANCE:g} (1 - the stale threshold), got {text}: a server that kept its old "
+            "weights could pass"
+        )
     return value
 
 
@@ -78,27 +88,59 @@ def _prompts(args, model) -> list[list[int]]:
 def _fresh_scores(args, prompts):
     """``--fresh start``: the log-probs of a server started here from the checkpoint (stopped afterwards)."""
     from trl_gptoss.rollout.server import VLLMServer
+    from trl_gptoss.rollout.server_secret import new_secret
     from trl_gptoss.rollout.vllm_engine import VLLMServerEngine
     from trl_gptoss.rollout.weights.check_sync import server_logprobs
 
     length = max(len(p) for p in prompts) + 16
-    with VLLMServer(args.model, max_model_len=length, max_num_seqs=4, device=args.fresh_device) as server:
-        engine = VLLMServerEngine(server.base_url, timeout=args.timeout)
+    secret = new_secret()
+    with VLLMServer(
+        args.model, max_model_len=length, max_num_seqs=4, device=args.fresh_device, secret=secret
+    ) as server:
+        engine = VLLMServerEngine(server.base_url, timeout=args.timeout, secret=secret)
         try:
             return server_logprobs(engine, prompts)
         finally:
             engine.close()
 
 
+def _missing_devices(args) -> str | None:
+    """A message when ``--device`` or ``--fresh-device`` names a GPU this machine does not have."""
+    wanted = [
+        f"--{name.replace('_', '-')} cuda" for name in ("device", "fresh_device") if getattr(args, name) == "cuda"
+    ]
+    if wanted:
+        import torch
+
+        if not torch.cuda.is_available():
+            return f"{' and '.join(wanted)}, but no CUDA device is visible here; use cpu or run on a GPU host"
+    return None
+
+
+def _vocab_size(model_dir: str) -> int | None:
+    from pathlib import Path
+
+    try:
+        value = json.loads((Path(model_dir) / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
 def _cmd_check_sync(args) -> int:
     from trl_gptoss.rollout.multi_server import server_urls
     from trl_gptoss.rollout.vllm_engine import VLLMServerEngine
     from trl_gptoss.rollout.weights.check_sync import check_sync, format_report
+    from trl_gptoss.scripts.vllm_serve import secret_of
 
+    if problem := _missing_devices(args):
+        print(f"trl-gptoss check-sync: {problem}", file=sys.stderr)
+        return 2
     engines = []
     try:
-        for url in server_urls(args.server):  # every server answers before the model is loaded
-            engines.append(VLLMServerEngine(url, args.served_model, timeout=args.timeout))
+        options = {"timeout": args.timeout, "secret": secret_of(args), "vocab_size": _vocab_size(args.model)}
+        for url in server_urls(args.server, name="--server"):  # every server answers before the model is loaded
+            engines.append(VLLMServerEngine(url, args.served_model, **options))
         model = _load_model(args)
         prompts = _prompts(args, model)
         fresh = {"none": None, "found": "as_found"}.get(args.fresh)
@@ -139,25 +181,31 @@ def register(sub) -> None:
         ),
     )
     check.add_argument("--server", action="append", required=True, help="server base URL; repeat for several")
-    check.add_argument("--model", required=True, help="the checkpoint directory the servers serve")
+    check.add_argument("--model", required=True, type=checkpoint_dir, help="the checkpoint directory the servers serve")
+    check.add_argument(
+        "--secret-file",
+        default=None,
+        help="file (mode 600) with the servers' secret (default: $TRL_GPTOSS_SERVER_SECRET or the file named by "
+        "$TRL_GPTOSS_SERVER_SECRET_FILE)",
+    )
     check.add_argument(
         "--tolerance",
-        type=_positive,
+        type=finite_positive,
         default=1e-4,
         help="max |logp_server - logp_trainer| that passes (1e-4 for float32 servers; bf16: see the docs)",
     )
     check.add_argument(
         "--moved-tolerance",
-        type=_positive,
+        type=_moved_tolerance,
         default=None,
         help="bf16 servers: a group also passes when the server reproduces 1 +- this of the perturbation's effect "
-        "(e.g. 0.2); see the docs",
+        "(e.g. 0.2; below 0.9, so that a server which kept its old weights never passes); see the docs",
     )
-    check.add_argument("--scale", type=_positive, default=0.2, help="perturbation size, times each tensor's RMS")
+    check.add_argument("--scale", type=finite_positive, default=0.2, help="perturbation size, times each tensor's RMS")
     check.add_argument("--seed", type=int, default=0, help="seed of the perturbations and random prompts")
     check.add_argument("--groups", type=_groups, default=list(GROUPS), help=f"comma list from {','.join(GROUPS)}")
-    check.add_argument("--num-prompts", type=int, default=4, help="random token-id prompts (without --prompt)")
-    check.add_argument("--prompt-len", type=int, default=32, help="tokens per random prompt")
+    check.add_argument("--num-prompts", type=at_least(1), default=4, help="random token-id prompts (without --prompt)")
+    check.add_argument("--prompt-len", type=at_least(2), default=32, help="tokens per random prompt")
     check.add_argument("--prompt", action="append", help="score this text instead (repeatable; needs a tokenizer)")
     check.add_argument("--device", choices=("cpu", "cuda"), default=None, help="trainer side; default cuda if any")
     check.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="trainer-side dtype")
@@ -170,6 +218,8 @@ def register(sub) -> None:
     )
     check.add_argument("--fresh-device", choices=("cpu", "cuda"), default=None, help="device of --fresh start")
     check.add_argument("--served-model", default=None, help="model id on the servers (default: the only one)")
-    check.add_argument("--timeout", type=_positive, default=300.0, help="HTTP read timeout per call (s)")
+    check.add_argument(
+        "--timeout", type=finite_positive, default=300.0, help="deadline of one HTTP call, whole answer included (s)"
+    )
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.set_defaults(func=_cmd_check_sync)

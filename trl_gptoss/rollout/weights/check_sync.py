@@ -18,7 +18,9 @@ way training does, and compares each server's prompt log-probs with the trainer'
 ``moved_tolerance`` (for bf16 servers, whose rounding differs from the trainer's by more than any useful
 absolute tolerance on some models): a group also passes when ``|moved - 1| <= moved_tolerance``, and the
 baseline and restored rows (server vs trainer, no perturbation) become information; the fresh row (server vs
-server, the same numerics on both sides) stays judged by ``tolerance``.
+server, the same numerics on both sides) stays judged by ``tolerance``. It must stay below
+``MAX_MOVED_TOLERANCE = 1 - STALE_MOVED``, and the stale verdict is decided before it: a server that kept its
+old weights (``moved`` ~ 0) never passes.
 
 Around the groups: ``as_found`` (the server before anything is pushed vs the checkpoint; information only),
 ``baseline`` (after pushing the unperturbed model), ``restored`` (after pushing it again at the end; the server
@@ -39,6 +41,7 @@ on rank 0 while talking to a server is raised on every rank (no rank is left ins
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +55,7 @@ from trl_gptoss.rollout.weights.sync import push_model
 GROUPS = ("embeddings", "attention", "sinks", "router", "experts", "norms", "lm_head")
 BLIND_FACTOR = 10.0  # a perturbation must move the log-probs this many tolerances for the check to see it
 STALE_MOVED = 0.1  # a server that reproduces less than this fraction of the perturbation's effect kept old weights
+MAX_MOVED_TOLERANCE = 1.0 - STALE_MOVED  # |moved - 1| <= this must never admit a stale server
 
 
 def parameter_group(name: str) -> str | None:
@@ -319,10 +323,14 @@ def _judge_group(engines, all_scores, expected, base, baseline, report) -> list[
         moved = float((scores - origin) @ d_trainer / (d_trainer @ d_trainer)) if effect > 0 else 0.0
         if effect < BLIND_FACTOR * tolerance:
             verdict = "blind"
-        elif error <= tolerance or (moved_tolerance is not None and abs(moved - 1) <= moved_tolerance):
+        elif error <= tolerance:
+            verdict = "ok"
+        elif abs(moved) < STALE_MOVED:  # before the moved tolerance: a server that did not move never passes
+            verdict = "stale"
+        elif moved_tolerance is not None and abs(moved - 1) <= moved_tolerance:
             verdict = "ok"
         else:
-            verdict = "stale" if abs(moved) < STALE_MOVED else "mismatch"
+            verdict = "mismatch"
         over = _over(scores, expected, tolerance)
         results.append(ServerResult(engine.base_url, error, verdict, _max_abs(scores, base), over, moved))
     return results
@@ -387,9 +395,14 @@ def check_sync(
 
 def _check_arguments(groups, scale, tolerance, moved_tolerance, fresh) -> None:
     """The same errors on every rank, before any collective."""
-    if not (scale > 0 and tolerance > 0 and (moved_tolerance is None or moved_tolerance > 0)):
+    if not (0 < scale < math.inf and 0 < tolerance < math.inf and (moved_tolerance is None or moved_tolerance > 0)):
         raise ValueError(
-            f"scale, tolerance and moved_tolerance must be > 0, got {scale}, {tolerance}, {moved_tolerance}"
+            f"scale, tolerance and moved_tolerance must be finite and > 0, got {scale}, {tolerance}, {moved_tolerance}"
+        )
+    if moved_tolerance is not None and moved_tolerance >= MAX_MOVED_TOLERANCE:
+        raise ValueError(
+            f"moved_tolerance={moved_tolerance} could pass a server that kept its old weights (stale: |moved| < "
+            f"{STALE_MOVED}); give a value below {MAX_MOVED_TOLERANCE:g}, e.g. 0.2"
         )
     unknown = sorted(set(groups) - set(GROUPS))
     if unknown:
