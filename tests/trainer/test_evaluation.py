@@ -108,3 +108,19 @@ def test_evaluation_between_overlapped_steps_pushes_no_weights_under_a_running_b
     assert [r["eval_weights_step"] for r in _eval_rows(evaluated)] == [0.0, 1.0, 2.0, 3.0]
     for trainer in (plain, evaluated):
         trainer.close()
+
+
+@pytest.mark.distributed
+def test_two_processes_evaluate_their_own_shares_and_report_the_same_metrics(taught, tmp_path):
+    import torch
+
+    from tests.trainer._eval_workers import evaluate_rank
+    from trl_gptoss.testing.distributed import launch
+
+    state_path = tmp_path / "taught.pt"
+    torch.save(taught[0], state_path)
+    rank0, rank1 = launch(evaluate_rank, 2, tmp_path / "run", str(state_path), str(tmp_path / "out"), timeout=600)
+    assert rank0["sampled"] == [3 * 2] and rank1["sampled"] == [2 * 2]  # rows 0, 2, 4 and rows 1, 3; k = 2
+    same = [{k: v for k, v in r["metrics"].items() if "timing/" not in k} for r in (rank0, rank1)]
+    assert same[0] == same[1]  # gathered once, the same numbers everywhere (each rank's own timings aside)
+    assert rank0["metrics"]["eval_problems"] == 5 and rank0["problems"] == [0, 1, 2, 3, 4]

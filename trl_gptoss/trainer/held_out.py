@@ -60,7 +60,9 @@ def _evaluate(trainer, dataset) -> dict:
 
     k = args.num_generations_eval or args.num_generations
     results, seconds = timed(evaluate_rows, sample, mine, graders, k, OWN_REWARDS)
-    everyone = gather_object(results) if accelerator.num_processes > 1 else results
+    if accelerator.num_processes > 1:  # every rank's problems, and the slowest rank's time
+        results, seconds = gather_object(results), max(gather_object([seconds]))
+    everyone = results
     everyone = sorted(everyone, key=lambda r: r.problem)
     trainer.held_out_results = everyone  # per problem, for inspection (and the job's JSON)
     return summarize(everyone, graders, seconds=seconds) | {"weights_step": float(step)}
