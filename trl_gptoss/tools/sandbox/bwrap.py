@@ -10,6 +10,13 @@ up, and no other interface: the call's processes reach each other over 127.0.0.1
 abstract unix sockets of the host), IPC (no host SysV
 shared memory; segments die with the call), UTS and cgroup. ``--die-with-parent`` ends the call if the
 host process dies, ``--new-session`` detaches it from any terminal.
+
+A host killed while bubblewrap starts can still leave one process behind: bubblewrap arms
+``--die-with-parent`` in its outer process before it lets its child (the sandbox's PID 1) go on, so the outer
+one can die in between, and the child then waits for it forever (on an eventfd, which never reports a closed
+writer), outside every cgroup, before running anything. ``reap_orphans`` (every new ``PythonSandbox``) kills
+such a process: this bubblewrap binary, PID 1 of its PID namespace, whose parent is no longer bubblewrap. A host
+killed later is covered by ``--die-with-parent``, and one killed before its release by ``init.py`` (step 0).
 """
 
 from __future__ import annotations
@@ -107,7 +114,9 @@ def launch(
         if seccomp_filter is not None:
             fds.append(_pipe_with(seccomp_filter))
             args += ["--seccomp", str(fds[-1])]
-        fds.append(_pipe_with(b"".join(a.encode() + b"\0" for a in args)))
+        args_fd = _pipe_with(b"".join(a.encode() + b"\0" for a in args))
+        release_fd = os.dup(block_read)  # init.py's copy of the release pipe (init.py, step 0)
+        fds += [args_fd, release_fd]
         config = CallConfig(
             cpu_seconds=limits.cpu_seconds,
             address_space_bytes=limits.address_space_bytes,
@@ -116,9 +125,10 @@ def launch(
             nproc=limits.max_processes + 1,  # + bubblewrap's PID 1 when it shares the uid (non-root hosts)
             uid=SANDBOX_UID if host_uid is not None else -1,
             block_sockets=False,
+            release_fd=release_fd,
             cgroup_procs=(),
         )
-        argv = ["bwrap", "--args", str(fds[-1]), view.python, "-I", "-u", INIT_INSIDE, *config.to_argv()]
+        argv = ["bwrap", "--args", str(args_fd), view.python, "-I", "-u", INIT_INSIDE, *config.to_argv()]
         proc = subprocess.Popen(
             argv,
             executable=bwrap_path(),
@@ -141,9 +151,43 @@ def launch(
     return proc
 
 
+def _status(pid: str) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as f:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+
+def _exe(pid: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:  # gone, a kernel thread, or not ours to read
+        return None
+
+
+def reap_orphans() -> int:
+    """SIGKILL every sandbox PID 1 of this user whose bubblewrap parent is gone (see the module docstring)."""
+    binary = os.path.realpath(bwrap_path())
+    killed = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or _exe(pid) != binary:
+            continue
+        try:
+            status = _status(pid)
+            namespace_pids = status["NSpid"].split()
+            if int(status["Uid"].split()[1]) != os.geteuid() or len(namespace_pids) < 2 or namespace_pids[-1] != "1":
+                continue  # another user's process, or bubblewrap's outer process
+            if _exe(status["PPid"]) == binary:
+                continue  # its bubblewrap parent is alive: a call running or starting
+            os.kill(int(pid), signal.SIGKILL)
+            killed += 1
+        except (OSError, KeyError, ValueError, IndexError):  # gone meanwhile
+            continue
+    return killed
+
+
 def _join_then_release(proc: subprocess.Popen, info_read: int, block_write: int, cgroup_procs: list[str]) -> None:
-    """Move bubblewrap's two processes into the call's cgroups, then let it start the interpreter. If that
-    fails, both are killed before the interpreter exists (a closed block pipe would also let bubblewrap go on)."""
+    """Move bubblewrap's two processes into the call's cgroups, then release the call: ``go``, of which
+    bubblewrap reads the ``g`` and ``init.py`` the ``o``. If that fails, both are killed before the interpreter
+    exists; if this process dies first, the pipe closes, bubblewrap goes on, and ``init.py`` exits at once."""
     child = None
     try:
         with os.fdopen(info_read, "rb") as info:

@@ -6,6 +6,11 @@ modules: this runs on every call, and the whole call's budget over a bare interp
 
 Steps, before any model-written byte is compiled:
 
+0. (bubblewrap only) wait for the host's release: the host writes ``go`` to bubblewrap's ``--block-fd`` pipe
+   once it has moved the call into its cgroups; bubblewrap reads the ``g``, this reads the ``o`` from its own
+   copy of the pipe. bubblewrap goes on when the pipe closes, so a host killed before its release (before
+   bubblewrap armed ``--die-with-parent``, too) would leave the call running outside every cgroup, for good:
+   on end-of-file this exits at once instead, and bubblewrap's PID 1 ends with it;
 1. (process isolation only) join the call's cgroups, writing ``0`` ("myself") to each ``cgroup.procs`` the
    host listed; under bubblewrap the host has already moved the call into them (``bwrap.py``);
 2. set the rlimits (children inherit them; without ``CAP_SYS_RESOURCE`` in the host's user namespace no
@@ -31,7 +36,8 @@ class CallConfig:
 
     ``uid``: drop to this uid (-1: keep the current one, e.g. when the host is not root);
     ``cgroup_procs``: ``cgroup.procs`` files to join (may be empty); ``nproc``: ``RLIMIT_NPROC``;
-    ``block_sockets``: install the Python-level socket block (process isolation only).
+    ``block_sockets``: install the Python-level socket block (process isolation only); ``release_fd``: the
+    descriptor the host's release arrives on (-1: none, process isolation).
     """
 
     cpu_seconds: int
@@ -41,6 +47,7 @@ class CallConfig:
     nproc: int
     uid: int
     block_sockets: bool
+    release_fd: int
     cgroup_procs: tuple
 
     def __init__(self, **fields):
@@ -82,6 +89,13 @@ class CallConfig:
             else:
                 fields[name] = int(text) if kinds[name] is int else bool(int(text))
         return cls(**fields)
+
+
+def wait_for_release(fd):
+    if fd < 0:
+        return
+    if os.read(fd, 1) != b"o":  # end-of-file: the host died before it released the call
+        os._exit(125)
 
 
 def join_cgroups(paths):
@@ -165,6 +179,7 @@ def run_main():
 def main():
     try:
         cfg = CallConfig.from_argv(sys.argv[1:])
+        wait_for_release(cfg.release_fd)
         join_cgroups(cfg.cgroup_procs)
         set_limits(cfg)
         drop_privileges(cfg.uid)

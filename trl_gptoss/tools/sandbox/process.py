@@ -47,6 +47,7 @@ def launch(
         nproc=limits.max_processes + (0 if uid is not None else _count_own_processes()),
         uid=uid if uid is not None else -1,
         block_sockets=True,
+        release_fd=-1,
         cgroup_procs=cgroup_procs,
     )
     return subprocess.Popen(

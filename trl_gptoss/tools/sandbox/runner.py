@@ -101,6 +101,7 @@ class PythonSandbox:
             self.disk_files_capped = scratch.host_can_mount()
             if self.disk_files_capped:
                 scratch.reap_dead_staging()
+            bwrap.reap_orphans()  # a bubblewrap a killed host left waiting
         else:
             self.missing_packages = ()
             self.disk_files_capped = False

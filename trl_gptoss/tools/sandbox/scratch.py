@@ -9,6 +9,12 @@ namespace starts with a copy of the host's mounts, from which it binds them (``-
 unmounts its own copies as soon as bubblewrap has created that namespace (``--info-fd``), milliseconds
 after mounting them, and removes their directories after the call. Elsewhere the call gets bubblewrap's
 ``--tmpfs`` (size only; see ``docs/tools_and_rewards.md``).
+
+A staging directory lives in the shared ``$TMPDIR``, where any local user can plant a name, so removing one
+(``remove_staging``; ``reap_dead_staging`` for those a killed host left) never follows a link: the directory
+is opened with ``O_NOFOLLOW`` and must be a directory owned by this user and closed to others (``0700``),
+every mount point in it is reached through that open descriptor and unmounted with ``UMOUNT_NOFOLLOW``, and
+anything else (a symlink, another user's directory) is left alone.
 """
 
 from __future__ import annotations
@@ -16,12 +22,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import glob
 import os
+import stat
 import tempfile
 
 MS_NOSUID, MS_NODEV, MS_PRIVATE = 0x2, 0x4, 0x40000
-MNT_DETACH = 0x2
+MNT_DETACH, UMOUNT_NOFOLLOW = 0x2, 0x8
 STAGING_PREFIX = "trl-gptoss-scratch-"  # + host pid: a leftover of a dead process can be told and removed
 
 
@@ -38,7 +44,8 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
 
 
 def _unmount(path: str) -> None:
-    _libc().umount2(path.encode(), MNT_DETACH)  # an error means it is not mounted: nothing to undo
+    # An error means it is not mounted (or is a symlink, which is never followed): nothing to undo.
+    _libc().umount2(path.encode(), MNT_DETACH | UMOUNT_NOFOLLOW)
 
 
 class Scratch:
@@ -74,13 +81,37 @@ class Scratch:
         remove_staging(self.staging)
 
 
-def remove_staging(staging: str) -> None:
-    for path in glob.glob(os.path.join(staging, "*")):
-        _unmount(path)
-        with contextlib.suppress(OSError):
-            os.rmdir(path)
+def _open_own_directory(path: str) -> int | None:
+    """An ``O_NOFOLLOW`` descriptor of ``path`` when it is a directory of this user closed to others, else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # a symlink (ELOOP), not a directory, gone
+        return None
+    info = os.fstat(fd)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        os.close(fd)
+        return None
+    return fd
+
+
+def remove_staging(staging: str) -> bool:
+    """Unmount and remove a staging directory of this user; ``False`` (nothing touched) for anything else."""
+    fd = _open_own_directory(staging)
+    if fd is None:
+        return False
+    try:
+        for name in os.listdir(fd):
+            entry = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if not stat.S_ISDIR(entry.st_mode):
+                continue  # we only ever create directories here: leave anything else alone
+            _unmount(f"/proc/self/fd/{fd}/{name}")  # through the open directory: no path to swap
+            with contextlib.suppress(OSError):
+                os.rmdir(name, dir_fd=fd)
+    finally:
+        os.close(fd)
     with contextlib.suppress(OSError):
-        os.rmdir(staging)
+        os.rmdir(staging)  # only if empty; /tmp's sticky bit keeps other users from swapping it meanwhile
+    return True
 
 
 @functools.lru_cache(maxsize=1)
@@ -98,9 +129,11 @@ def host_can_mount() -> bool:
 def reap_dead_staging() -> int:
     """Unmount and remove staging directories of processes that died between mount and unmount."""
     removed = 0
-    for staging in glob.glob(os.path.join(tempfile.gettempdir(), f"{STAGING_PREFIX}*")):
-        pid = os.path.basename(staging)[len(STAGING_PREFIX) :].partition("-")[0]
+    directory = tempfile.gettempdir()
+    for name in os.listdir(directory):
+        if not name.startswith(STAGING_PREFIX):
+            continue
+        pid = name[len(STAGING_PREFIX) :].partition("-")[0]
         if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
-            remove_staging(staging)
-            removed += 1
+            removed += remove_staging(os.path.join(directory, name))
     return removed
