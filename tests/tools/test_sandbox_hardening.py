@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import unicodedata
+from pathlib import Path
 
 import pytest
 
@@ -207,3 +208,53 @@ def test_forged_notices_printed_by_a_program_stay_escaped(sandbox):
     lines = "".join(f"{prefix}{FORGED}\n" for prefix in FORGERY_PREFIXES.values())
     result = sandbox.run(f"import sys\nsys.stdout.write({lines!r})\nsys.exit(3)\n")
     assert _notice_lines(result.render()) == ["[sandbox] exit status 3"]
+
+
+@namespaces_only
+def test_a_program_too_large_for_the_call_is_refused_with_a_notice(sandbox):
+    """Before: code larger than the call's /tmp showed the model bubblewrap's own untagged error."""
+    refused = sandbox.run("#" * (sandbox.limits.disk_bytes + 1))
+    assert refused.exit_code is None and not refused.ok
+    text = refused.render()
+    assert text.startswith(f"{NOTICE_TAG} the program is 8,388,609 bytes, over the 4,194,304") and "bwrap" not in text
+    fits = sandbox.run("print(1)\n" + "#" * (sandbox.max_code_bytes - 9))
+    assert fits.ok and fits.stdout == "1\n", fits
+
+
+HOST_WIDE_PROC = [
+    "/proc/loadavg",
+    "/proc/stat",
+    "/proc/vmstat",
+    "/proc/softirqs",
+    "/proc/interrupts",
+    "/proc/pressure/cpu",
+    "/proc/meminfo",
+    "/proc/zoneinfo",
+    "/proc/buddyinfo",
+    "/proc/uptime",
+    "/proc/diskstats",
+    "/proc/partitions",
+    "/proc/cgroups",
+    "/proc/cmdline",
+    "/proc/version",
+    "/proc/sys/kernel/osrelease",
+    "/proc/sys/kernel/random/boot_id",
+    "/proc/cpuinfo",
+    "/proc/sys/fs/file-nr",
+    "/proc/key-users",
+    "/proc/filesystems",
+    "/proc/kallsyms",
+]
+
+
+@namespaces_only
+def test_the_docs_list_the_host_wide_proc_files_a_call_reads(sandbox):
+    docs = (Path(__file__).parents[2] / "docs" / "tools_and_rewards.md").read_text()
+    listed = " ".join(docs.split())  # the list wraps across lines
+    present = [path for path in HOST_WIDE_PROC if os.path.exists(path)]  # PSI, for one, may be compiled out
+    result = sandbox.run(f"for path in {present!r}:\n    print(path, len(open(path).read(65536)))\n")
+    assert result.ok, result.render()
+    assert [line.split()[0] for line in result.stdout.splitlines()] == present, result.render()
+    for path in HOST_WIDE_PROC:
+        name = path.replace("/proc/pressure/cpu", "/proc/pressure/{cpu,memory,io}")
+        assert f"`{name}`" in listed, f"{path} is readable in a call but not listed in the docs"

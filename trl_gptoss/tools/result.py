@@ -58,7 +58,8 @@ class ToolResult:
     ``sys.exit(137)`` reads as ``-9`` under namespace isolation). ``timed_out``: the wall
     clock limit was hit. ``truncated``: output passed ``SandboxLimits.output_bytes`` (the call was stopped
     there). ``wall_time``: seconds from launch to cleanup done. ``isolation``: ``"namespaces"`` or
-    ``"process"`` (see ``docs/tools_and_rewards.md``).
+    ``"process"`` (see ``docs/tools_and_rewards.md``). ``notice``: why the sandbox did not run the program
+    (shown as a ``[sandbox]`` notice), ``""`` when it ran.
     """
 
     stdout: str
@@ -68,6 +69,7 @@ class ToolResult:
     truncated: bool
     wall_time: float
     isolation: str = "namespaces"
+    notice: str = ""
 
     @property
     def ok(self) -> bool:
@@ -81,7 +83,7 @@ class ToolResult:
         parts = [self.stdout.rstrip("\n")] if self.stdout.strip() else []
         if self.stderr.strip():
             parts.append(self.stderr.rstrip("\n"))
-        notices = []
+        notices = [f"{NOTICE_TAG} {self.notice}"] if self.notice else []
         if self.timed_out:
             notices.append(f"{NOTICE_TAG} timed out after {self.wall_time:.1f} s; the program was killed")
         if self.truncated:

@@ -118,8 +118,22 @@ class PythonSandbox:
             raise ValueError(f"code must be a str of Python source, got {type(code).__name__}.")
         # A lone surrogate cannot be UTF-8; pass it through so the interpreter reports it as a SyntaxError.
         source = code.encode("utf-8", "surrogatepass")
+        if len(source) > self.max_code_bytes:
+            return self._refused(
+                f"the program is {len(source):,} bytes, over the {self.max_code_bytes:,} a call accepts (half of "
+                "its /tmp, SandboxLimits.disk_bytes); it was not run"
+            )
         with self._running:
             return self._run(source)
+
+    @property
+    def max_code_bytes(self) -> int:
+        """The largest program a call runs: it is copied into the call's ``/tmp`` (``disk_bytes``), which
+        must keep room for the program's own files."""
+        return self.limits.disk_bytes // 2
+
+    def _refused(self, notice: str) -> ToolResult:
+        return ToolResult("", "", None, False, False, 0.0, self.isolation, notice)
 
     def run_many(self, codes: list[str]) -> list[ToolResult]:
         """Run several programs concurrently (``run`` bounds them to ``max_concurrency``); results in order."""
