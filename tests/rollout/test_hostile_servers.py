@@ -196,3 +196,35 @@ def test_redirects_are_refused_on_both_paths_and_never_followed():
             calls = list(server.requests)
         assert elsewhere.requests == [], "a redirect was followed"
     assert [c.split()[0] for c in calls] == ["GET", "POST", "POST"], "a refused redirect was retried"
+
+
+def test_one_dripping_server_does_not_stall_a_batch_over_two():
+    """A batch spread over two servers, one of which drips its completions: the batch ends at the deadline, the
+    good server's answers arrive and the dripping server's requests fail naming it."""
+    from trl_gptoss.rollout.multi_server import MultiServerEngine
+
+    good_answer = (
+        b'{"choices": [{"finish_reason": "length", "token_ids": [9, 8], '
+        b'"logprobs": {"tokens": ["token_id:9", "token_id:8"], "token_logprobs": [-0.5, -0.25]}}]}'
+    )
+
+    def good(number, head):
+        yield answer(MODELS if head.startswith(b"GET") else good_answer)
+
+    def dripping(number, head):
+        yield from ([answer(MODELS)] if head.startswith(b"GET") else _chunk_drip(number, head))
+
+    with HostileServer(good) as fine, HostileServer(dripping) as slow:
+        multi = MultiServerEngine([fine.url, slow.url], timeout=DEADLINE, max_retries=0)
+
+        async def batch():
+            requests = [GenerationRequest([1, 2, i], 2) for i in range(4)]
+            return await asyncio.gather(*(multi.generate(r) for r in requests), return_exceptions=True)
+
+        started = time.monotonic()
+        results = asyncio.run(batch())
+        elapsed = time.monotonic() - started
+        multi.close()
+    assert elapsed < DEADLINE + SLACK, f"the batch waited {elapsed:.1f} s for the dripping server"
+    assert sum(isinstance(r, VLLMServerError) and slow.url in str(r) for r in results) == 2, results
+    assert sum(getattr(r, "token_ids", None) == [9, 8] for r in results) == 2, results
