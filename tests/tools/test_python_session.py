@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from trl_gptoss.tools import PythonSandbox, PythonSession, PythonTool, SandboxLimits
-from trl_gptoss.tools.python_session import notebook_program
+from trl_gptoss.tools.python_session import MAX_REPAIRS, notebook_program
 from trl_gptoss.tools.python_tool import NOTEBOOK_BUILTIN_DESCRIPTION
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="runs the sandbox")
@@ -130,3 +130,72 @@ def test_files_on_the_promised_drive_persist_across_cells(tool):
     assert session.run("open('/mnt/data/n.txt', 'w').write('41')").ok
     later = session.run("int(open('/mnt/data/n.txt').read()) + 1")
     assert later.ok and later.stdout == "42\n", later.render()
+
+
+# Each ends the process (or arms something that will) only when replayed; an earlier in-process guard was
+# bypassed by every one of them and the cell then silently disabled every later cell of the conversation.
+_REPLAY_BYPASSES = {
+    "main-globals": (
+        "import __main__\n"
+        "for value in vars(__main__).values():\n"
+        "    if isinstance(value, list) and value == [True]:\n"
+        "        value[0] = False  # the old guard's 'replaying' flag\n"
+        "os._exit(0)"
+    ),
+    "exit-in-closure": (
+        "real = os._exit\n"
+        "for cell in getattr(os._exit, '__closure__', None) or ():\n"
+        "    if getattr(cell.cell_contents, '__name__', '') == '_exit':\n"
+        "        real = cell.cell_contents\n"
+        "real(0)"
+    ),
+    "sigsegv": "import faulthandler\nfaulthandler._sigsegv()",
+    "thread": "threading.Thread(target=lambda: (time.sleep(0.2), os._exit(0))).start()",
+    "timer": "threading.Timer(0.2, os._exit, (0,)).start()",
+    "itimer": "signal.setitimer(signal.ITIMER_REAL, 0.2)",
+}
+_DISARMED = ("timer", "itimer")  # cancelled after the replayed cell: the cell itself stays in the notebook
+
+
+def _on_replay(code: str) -> str:
+    body = "\n".join("    " + line for line in code.splitlines())
+    return f"import io, os, signal, sys, threading, time\nif isinstance(sys.stdout, io.StringIO):\n{body}\nmark = 1"
+
+
+@pytest.mark.parametrize("bypass", list(_REPLAY_BYPASSES), ids=list(_REPLAY_BYPASSES))
+def test_no_replayed_cell_can_disable_the_cells_after_it(tool, bypass):
+    session = PythonSession(tool)
+    session.run("a = 1")
+    assert session.run(_on_replay(_REPLAY_BYPASSES[bypass])).ok and len(session.cells) == 2
+    later = session.run("import time\ntime.sleep(0.5)\nprint(a, 'mark' in dir())")  # a timer would fire
+    kept = bypass in _DISARMED
+    assert later.ok and later.stdout == f"1 {kept}\n", later.render()
+    if not kept:
+        assert "[sandbox] earlier cell(s) 1 stopped this notebook when replayed; dropped" in later.render()
+        assert len(session.cells) == 2  # "a = 1" and the later cell; the bypass is gone
+    again = session.run("print(a + 1)")
+    assert again.ok and again.stdout == "2\n" and "[sandbox]" not in again.render(), again.render()
+
+
+def test_a_cell_that_leaves_a_thread_running_is_not_recorded(tool):
+    session = PythonSession(tool)
+    session.run("import threading, time\nb = 2")
+    left = session.run("c = 3\nthreading.Thread(target=time.sleep, args=(30,), daemon=True).start()\nc")
+    assert left.ok and left.stdout == "3\n" and len(session.cells) == 1
+    assert session.run("print(b, 'c' in dir())").stdout == "2 False\n"
+
+
+def test_a_notebook_no_repair_can_save_is_reset_not_disabled(tool):
+    session = PythonSession(tool)
+    session.cells = [_on_replay("os._exit(0)")] * (MAX_REPAIRS + 1)  # more bad cells than one call repairs
+    result = session.run("print('still works')")
+    assert result.ok and result.stdout == "still works\n", result.render()
+    assert "[sandbox] earlier cells stopped this notebook when replayed; it was reset" in result.render()
+    assert session.cells == ["print('still works')"]
+
+
+def test_markers_of_another_secret_are_left_alone(tool):
+    session = PythonSession(tool)
+    fake = "<notebook " + "ab" * 16 + " done>"
+    result = session.run(f"import sys\nsys.stderr.write({fake!r})\nimport os\nos._exit(0)")
+    assert fake in result.stderr and len(session.cells) == 0

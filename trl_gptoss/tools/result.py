@@ -58,8 +58,9 @@ class ToolResult:
     ``sys.exit(137)`` reads as ``-9`` under namespace isolation). ``timed_out``: the wall
     clock limit was hit. ``truncated``: output passed ``SandboxLimits.output_bytes`` (the call was stopped
     there). ``wall_time``: seconds from launch to cleanup done. ``isolation``: ``"namespaces"`` or
-    ``"process"`` (see ``docs/tools_and_rewards.md``). ``notice``: why the sandbox did not run the program
-    (shown as a ``[sandbox]`` notice), ``""`` when it ran.
+    ``"process"`` (see ``docs/tools_and_rewards.md``). ``notice``: what the sandbox tells the model about this
+    call besides its output (why it did not run the program, notebook cells it dropped), shown first among
+    the ``[sandbox]`` notices; ``""`` for nothing.
     """
 
     stdout: str
