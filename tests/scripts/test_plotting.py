@@ -25,6 +25,8 @@ def _write_run(path, rewards, mismatch, checkpoint=None):
         }
         for i, (r, m) in enumerate(zip(rewards, mismatch))
     ]
+    for step in (0, len(rewards)):  # held-out evaluations at the start and the end
+        history.append({"step": step, "eval_mean@4": 0.1 + step / 20, "eval_pass@4": 0.3 + step / 20})
     history.append({"step": len(rewards), "train_runtime": 1.0, "train_loss": 0.1})  # the end-of-training entry
     target = path / checkpoint if checkpoint else path
     target.mkdir(parents=True)
