@@ -14,6 +14,11 @@ import math
 
 from trl_gptoss.rollout.types import Generation
 
+
+class VLLMServerError(RuntimeError):
+    """The vLLM server at ``base_url`` did not answer (after retries) or answered with an error."""
+
+
 FINISH_REASONS = ("stop", "length")
 
 

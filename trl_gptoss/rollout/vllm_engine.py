@@ -17,13 +17,9 @@ import asyncio
 
 from trl_gptoss.rollout import server_answers
 from trl_gptoss.rollout.http_async import AsyncHTTPClient, HTTPTransportError
-from trl_gptoss.rollout.server_answers import MalformedAnswer
+from trl_gptoss.rollout.server_answers import MalformedAnswer, VLLMServerError
 from trl_gptoss.rollout.server_secret import auth_headers, check_secret, secret_from_environment
 from trl_gptoss.rollout.types import Generation, GenerationRequest
-
-
-class VLLMServerError(RuntimeError):
-    """The vLLM server at ``base_url`` did not answer (after retries) or answered with an error."""
 
 
 def completion_payload(model: str, request: GenerationRequest) -> dict:

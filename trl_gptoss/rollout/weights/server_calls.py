@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+from trl_gptoss.rollout.server_answers import MalformedAnswer, VLLMServerError, rpc_results
+
 
 def collective_rpc(engine, method: str, *args: str, timeout: float = 600.0, retries: int | None = None) -> list:
     """Call an extension method on every vLLM worker; returns one result per worker (a ``VLLMServerError`` naming
     the URL and the field when the answer has none)."""
-    from trl_gptoss.rollout.server_answers import MalformedAnswer, rpc_results
-    from trl_gptoss.rollout.vllm_engine import VLLMServerError
-
     payload = {"method": method, "args": list(args)}
     answer = engine.request("POST", "/collective_rpc", payload, timeout=timeout, retries=retries)
     try:
