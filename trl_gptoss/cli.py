@@ -12,6 +12,8 @@ Subcommands available now:
 - ``check-sync``: push a checkpoint to running vLLM servers and prove, per parameter group, that it arrived
   (``trl_gptoss.scripts.check_sync``).
 - ``vllm-serve``: serve a checkpoint for rollouts and weight pushes (``trl_gptoss.scripts.vllm_serve``).
+- ``eval``: held-out accuracy (mean@k, pass@k, maj@k per task) of a checkpoint or of running servers, per problem
+  (``trl_gptoss.scripts.eval``).
 """
 
 from __future__ import annotations

