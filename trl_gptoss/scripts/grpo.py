@@ -5,7 +5,8 @@ YAML. ``model_name_or_path: embedded`` is the CPU demo: a tiny GPT-OSS built off
 (``trl_gptoss.demo``), then trained and served by vLLM like any checkpoint.
 
 Stopping: Ctrl-C and SIGTERM both stop the rollout server and leave the checkpoints saved so far as they were
-(exit status 130 / 143); a SIGKILL leaves the server to its watchdog (``trl_gptoss.rollout.server``). Every
+(exit status 130 / 143; a job started with SIGINT ignored -- ``cmd &`` in a script -- says Ctrl-C cannot stop
+it); a SIGKILL leaves the server to its watchdog (``trl_gptoss.rollout.server``). Every
 start sets aside checkpoints cut off during their save (``incomplete-checkpoint-N``) before it resumes, so
 ``resume_from_checkpoint: latest`` picks the newest complete one -- or starts afresh when there is none.
 """
@@ -44,6 +45,7 @@ __all__ = [
     "resume_checkpoint",
     "run",
     "set_aside_incomplete_checkpoints",
+    "warn_if_ctrl_c_is_ignored",
 ]
 
 logger = logging.getLogger(__name__)
@@ -138,9 +140,26 @@ def resume_checkpoint(training) -> str | None:
     return latest
 
 
+def warn_if_ctrl_c_is_ignored() -> bool:
+    """Warn (and return True) when SIGINT is ignored in this process, so Ctrl-C cannot stop the job.
+
+    A shell without job control (a script, CI) starts a background command (``cmd &``) with SIGINT ignored, and
+    Python keeps a signal ignored that it inherited so: Ctrl-C, or SIGINT sent to the job's process group, then
+    does nothing and the run trains on. That is the convention for background jobs, kept here; SIGTERM still
+    stops the run (exit status 143)."""
+    if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        return False
+    logger.warning(
+        "SIGINT is ignored in this process (it was started as a background job of a shell without job control): "
+        "Ctrl-C will not stop this run; stop it with SIGTERM (kill PID), or start it in the foreground"
+    )
+    return True
+
+
 def run(job: JobArguments, training) -> dict:
     """Train; returns the summary (also printed). The trainer's server is stopped whatever happens; SIGTERM
     stops the run as Ctrl-C does, then exits with status 143."""
+    warn_if_ctrl_c_is_ignored()
     with sigterm_as_interrupt():
         try:
             return _train(job, training)
