@@ -63,6 +63,14 @@ def test_evaluation_at_start_and_every_step_grades_held_out_problems_with_the_ru
     trainer.close()
 
 
+def test_an_evaluation_set_without_the_rewards_column_is_refused_at_construction(taught, tokenizer, tmp_path):
+    held_out = prompt_dataset([1]).remove_columns("answer")
+    with pytest.raises(ValueError, match="eval_dataset has no 'answer' column"):
+        _trainer(taught, tokenizer, tmp_path, held_out, **EVAL)
+    with pytest.raises(ValueError, match=r"eval_dataset\['held'\] has no 'answer' column"):
+        _trainer(taught, tokenizer, tmp_path, {"held": held_out}, **EVAL)
+
+
 def test_a_run_with_evaluation_trains_exactly_as_one_without(taught, tokenizer, tmp_path):
     held_out = prompt_dataset([1, 2], answer="4")
     plain = _trainer(taught, tokenizer, tmp_path / "plain")

@@ -171,12 +171,17 @@ def check_world(num_processes: int, environ=None) -> None:
         )
 
 
-def checked_rewards(reward_funcs, train_dataset) -> list | None:
+def checked_rewards(reward_funcs, train_dataset, eval_dataset=None) -> list | None:
     """The trainer's reward functions as a list, each wrapped by ``checked_reward``, after checking that the
-    dataset has every column they take beyond what rollouts supply."""
+    datasets have every column they take beyond what rollouts supply. Evaluation rows that name a ``task`` are
+    graded by that task's reward instead, so their columns are the task's affair."""
     if reward_funcs is None:
         return None
     reward_funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
-    required = {c for f in reward_funcs for c in required_reward_columns(f)} - set(ROLLOUT_COLUMNS)
-    check_dataset(train_dataset, sorted(required))
+    required = sorted({c for f in reward_funcs for c in required_reward_columns(f)} - set(ROLLOUT_COLUMNS))
+    check_dataset(train_dataset, required)
+    named = eval_dataset.items() if isinstance(eval_dataset, dict) else [("", eval_dataset)]
+    for name, dataset in named:
+        if dataset is not None and "task" not in (getattr(dataset, "column_names", None) or []):
+            check_dataset(dataset, required, name=f"eval_dataset{f'[{name!r}]' if name else ''}")
     return [checked_reward(f) for f in reward_funcs]

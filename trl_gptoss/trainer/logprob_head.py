@@ -34,12 +34,15 @@ def _aux_loss(model, backbone_outputs, attention_mask):
     )
 
 
-def replace_fused_heads(models, temperature: float, cast_lm_head_to_fp32: bool) -> None:
-    """``add_selective_logprobs_head`` on the bare model of each of ``models`` that is not None (the policy, the
-    reference model): TRL's fused head was added to the bare model, ours replaces it there."""
+def replace_fused_heads(args, models, temperature: float) -> None:
+    """With ``logprobs_implementation: selective_logprobs``, ``add_selective_logprobs_head`` on the bare model of
+    each of ``models`` that is not None (the policy, the reference model): TRL's fused head was added to the bare
+    model, ours replaces it there."""
+    if args.logprobs_implementation != "selective_logprobs":
+        return
     for model in models:
         if model is not None:
-            add_selective_logprobs_head(unwrap(model, peft=True), temperature, cast_lm_head_to_fp32)
+            add_selective_logprobs_head(unwrap(model, peft=True), temperature, args.cast_lm_head_to_fp32)
 
 
 def add_selective_logprobs_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bool = False) -> None:

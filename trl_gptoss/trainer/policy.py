@@ -34,6 +34,9 @@ def load_policy(model, args: GptOssGRPOConfig):
 
 
 def switch_implementations(model, args: GptOssGRPOConfig) -> None:
+    """The configured attention and experts implementations on ``model`` (nothing for None)."""
+    if model is None:
+        return
     if model.config._attn_implementation != args.attn_implementation:
         model.set_attn_implementation(args.attn_implementation)
     if getattr(model.config, "_experts_implementation", None) != args.experts_implementation:

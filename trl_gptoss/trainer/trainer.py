@@ -63,7 +63,7 @@ class GptOssGRPOTrainer(GRPOTrainer):
         args = args if args is not None else GptOssGRPOConfig("trl-gptoss-grpo")
         if not isinstance(args, GptOssGRPOConfig):
             raise ValueError(f"args must be a GptOssGRPOConfig, got {type(args).__name__}")
-        reward_funcs = checked_rewards(reward_funcs, train_dataset)
+        reward_funcs = checked_rewards(reward_funcs, train_dataset, kwargs.get("eval_dataset"))
         resolve_aux_coef(args, model)
         model = load_policy(model, args)
         with model_init_warning_dropped():
@@ -72,10 +72,8 @@ class GptOssGRPOTrainer(GRPOTrainer):
             )
         check_world(self.accelerator.num_processes)
         keep_outputs_as_computed(self.accelerator)  # before prepare: FSDP2 would cast the log-probs to bf16
-        if self.ref_model is not None:  # TRL built it from the policy's path: same implementations
-            switch_implementations(self.ref_model, args)
-        if args.logprobs_implementation == "selective_logprobs":
-            replace_fused_heads((self.model, self.ref_model), self.temperature, args.cast_lm_head_to_fp32)
+        switch_implementations(self.ref_model, args)  # TRL built it from the policy's path (None when beta is 0)
+        replace_fused_heads(args, (self.model, self.ref_model), self.temperature)
         self.sp_loss = SequenceParallelLoss.for_config(args, self.model.config)  # None unless sp_size > 1
         self.routing_replay = RoutingReplay() if args.routing_replay else None
         self.timer = PhaseTimer(self)
