@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import signal
+import sys
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from transformers import TrainerCallback
 from tests.trainer.helpers import grpo_args, length_reward, prompt_dataset
 from trl_gptoss.testing import tiny_gpt_oss
 from trl_gptoss.trainer import GptOssGRPOTrainer
-from trl_gptoss.trainer.resume import Terminated, checkpoint_problem
+from trl_gptoss.trainer.resume import Terminated, _inside_train, checkpoint_problem
 
 
 def _whole_checkpoint(path, step=3):
@@ -102,12 +103,13 @@ def test_resume_skips_a_damaged_checkpoint_and_refuses_one_past_max_steps(tokeni
 def test_sigterm_stops_train_as_ctrl_c_does(tokenizer, tmp_path):
     """The signal is sent from the hook after checkpoint-1's save, on the main thread: it lands at that moment,
     every time."""
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as in a process that set none
 
     class TerminateAfterStep1(TrainerCallback):
         def on_save(self, args, state, control, **kwargs):
             handler = signal.getsignal(signal.SIGTERM)
             assert handler not in (signal.SIG_DFL, None), "train() left SIGTERM's default action: it would kill"
+            assert _inside_train(sys._getframe())
             os.kill(os.getpid(), signal.SIGTERM)
 
     trainer = _trainer(tokenizer, tmp_path / "run", max_steps=3)
@@ -116,14 +118,15 @@ def test_sigterm_stops_train_as_ctrl_c_does(tokenizer, tmp_path):
         with pytest.raises(Terminated):
             trainer.train()
         assert trainer.state.global_step == 1 and checkpoint_problem(tmp_path / "run" / "checkpoint-1") is None
+        # no hook runs after an exception: the handler outlives train(), and there gives the default action
+        assert not _inside_train(sys._getframe())
     finally:
         signal.signal(signal.SIGTERM, previous)
         trainer.close()
-    assert previous == signal.SIG_DFL  # what train() found: its own handler is installed only over the default
 
 
 def test_train_puts_the_default_sigterm_action_back_and_keeps_an_applications_handler(tokenizer, tmp_path):
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     seen = []
 
     class Record(TrainerCallback):
@@ -144,3 +147,25 @@ def test_train_puts_the_default_sigterm_action_back_and_keeps_an_applications_ha
     finally:
         signal.signal(signal.SIGTERM, previous)
         trainer.close()
+
+
+def test_a_handler_that_outlived_its_train_gives_sigterm_the_default_action(tmp_path):
+    """A ``train()`` that ended by an exception never reaches ``on_train_end``: outside ``train()`` the handler
+    it left must end the process as SIGTERM's default action does, not raise ``Terminated`` wherever it lands."""
+    import subprocess
+
+    code = f"""
+import os, signal
+from transformers import TrainerState
+from trl_gptoss.trainer import GptOssGRPOConfig
+from trl_gptoss.trainer.resume import StopAndResume
+args = GptOssGRPOConfig({str(tmp_path)!r}, use_cpu=True, report_to=[])
+guard = StopAndResume(args)
+guard.on_train_begin(args, TrainerState(global_step=0, max_steps=1), None)  # then train() raised: no end hook
+assert signal.getsignal(signal.SIGTERM) == guard._on_sigterm
+print("armed", flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+print("survived", flush=True)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == -signal.SIGTERM and done.stdout.split() == ["armed"], (done.stdout, done.stderr[-2000:])

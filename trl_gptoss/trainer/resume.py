@@ -5,7 +5,7 @@
   the process dying where it stands. A second SIGTERM is ignored while the first unwinds. The trainer installs it
   for ``train()`` only where SIGTERM still has its default action (the job installs it for its whole run; an
   application's own handler is kept) and puts the default back when ``train()`` returns; after a ``train()``
-  that ended by an exception it stays until the next ``train()`` returns.
+  that ended by an exception (no hook runs then) its handler gives SIGTERM the default action again.
 - A checkpoint cut off during its save is never resumed from. The Trainer writes ``checkpoint-N`` in place and
   ``trainer_state.json`` last, so a stop during a save leaves a partial folder that ``resume_from_checkpoint=True``
   (the job's ``latest``) would pick as the newest and fail to load. When a trainer is built, the main process
@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import re
 import shutil
 import signal
@@ -175,7 +176,7 @@ class StopAndResume(TrainerCallback):
         with args.main_process_first(desc="set incomplete checkpoints aside"):
             if args.should_save and Path(args.output_dir).is_dir():
                 set_aside_incomplete_checkpoints(args.output_dir)
-        self._previous = None  # the SIGTERM handler to put back, while ours is installed
+        self._fired = False
 
     def on_train_begin(self, args, state, control, **kwargs):
         if problem := beyond_max_steps(state.global_step, state.max_steps):
@@ -183,14 +184,34 @@ class StopAndResume(TrainerCallback):
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set there
         current = signal.getsignal(signal.SIGTERM)
-        if self._previous is not None and current not in (_raise_terminated, signal.SIG_IGN):
-            self._previous = None  # the application set its own since an earlier train() ended by an exception
-        if self._previous is None and current == signal.SIG_DFL:
-            self._previous = current
-        if self._previous is not None:  # (again, after a train() that a SIGTERM ended: it is SIG_IGN now)
-            signal.signal(signal.SIGTERM, _raise_terminated)
+        if current == signal.SIG_DFL or isinstance(getattr(current, "__self__", None), StopAndResume):
+            self._fired = False  # (a trainer's handler that outlived its train(): replaced)
+            signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self._previous is not None and signal.getsignal(signal.SIGTERM) in (_raise_terminated, signal.SIG_IGN):
-            signal.signal(signal.SIGTERM, self._previous)
-        self._previous = None
+        if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    def _on_sigterm(self, signum, frame):
+        """``Terminated`` inside ``train()``; a second SIGTERM while the first unwinds is ignored. Outside it (this
+        handler outlived a ``train()`` that ended by an exception: ``on_train_end`` never ran) the default action:
+        the process ends."""
+        if not _inside_train(frame):
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        if not self._fired:
+            self._fired = True
+            raise Terminated()
+
+
+def _inside_train(frame) -> bool:
+    """Whether ``frame`` (the main thread's, where the signal landed) runs inside transformers' ``Trainer.train``."""
+    from transformers import Trainer
+
+    code = Trainer.train.__code__
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
