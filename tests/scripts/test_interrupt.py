@@ -304,19 +304,7 @@ MOMENTS = [
     pytest.param(signal.SIGINT, "push", [], id="ctrl-c-push"),
     pytest.param(signal.SIGINT, "save", [], id="ctrl-c-save"),
     pytest.param(signal.SIGTERM, "save", [], id="sigterm-save"),
-    pytest.param(
-        signal.SIGTERM,
-        "overlapped_generation",
-        ["--max_staleness", "1"],
-        id="sigterm-overlapped-generation",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="trl_gptoss/trainer/sampling/sampler.py Sampler._take wraps every BaseException raised while the "
-            "main thread waits for the background batch -- KeyboardInterrupt and Terminated included -- in a "
-            "RuntimeError: the job exits 1 with a traceback instead of 143 (#32 finding 6); remove this mark "
-            "when _take lets KeyboardInterrupt through",
-        ),
-    ),
+    pytest.param(signal.SIGTERM, "overlapped_generation", ["--max_staleness", "1"], id="sigterm-overlapped-generation"),
 ]
 
 

@@ -190,7 +190,7 @@ class Sampler:
         start = time.perf_counter()
         try:
             rollouts = job.future.result()
-        except BaseException as error:
+        except Exception as error:  # the job's failure; Ctrl-C / SIGTERM while waiting go up as they are
             raise RuntimeError(
                 f"the background generation (max_staleness=1, weights of step {job.version}) failed: "
                 f"{type(error).__name__}: {error}"
