@@ -124,6 +124,12 @@ def health_status(base_url: str, timeout: float):
         return exc
 
 
+def unhealthy(urls, timeout: float) -> list[tuple[str, object]]:
+    """``(url, status)`` of every server in ``urls`` that does not answer ``GET /health`` with 200
+    (``health_status``: a status code or the ``OSError``)."""
+    return [(url, status) for url in urls if (status := health_status(url, timeout)) != 200]
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

@@ -99,17 +99,13 @@ def _dataset_problems(args, task) -> list[str]:
 
 def check_servers(urls: list[str], timeout: float) -> list[str]:
     """The ``--server`` URLs that do not answer ``GET /health`` with 200, each as a problem naming it."""
-    from trl_gptoss.rollout.server import health_status
+    from trl_gptoss.rollout.server import unhealthy
 
-    problems = []
-    for url in urls:
-        status = health_status(url, timeout)
-        if status != 200:
-            problems.append(
-                f"--server {url} does not answer GET /health ({status}); start it (`trl-gptoss vllm-serve --model "
-                "PATH`), fix the URL, or evaluate a checkpoint with --model PATH instead"
-            )
-    return problems
+    return [
+        f"--server {url} does not answer GET /health ({status}); start it (`trl-gptoss vllm-serve --model "
+        "PATH`), fix the URL, or evaluate a checkpoint with --model PATH instead"
+        for url, status in unhealthy(urls, timeout)
+    ]
 
 
 def load_problems(args) -> list[dict]:

@@ -16,6 +16,7 @@ from trl_gptoss.data.tasks import TASKS
 from trl_gptoss.scripts.grpo_arguments import EMBEDDED_MODEL, JobArguments
 from trl_gptoss.scripts.grpo_eval import eval_problems
 from trl_gptoss.trainer.resume import resume_problem
+from trl_gptoss.trainer.sampling.servers import server_url_problems
 
 
 def check_job(job: JobArguments, training) -> None:
@@ -35,7 +36,7 @@ def check_job(job: JobArguments, training) -> None:
     if training.rollout_backend == "vllm_server" and training.rollout_server_url is None:
         problems += _local_server_problems()
     elif training.rollout_server_url:
-        problems += _server_health_problems(training.rollout_server_url)
+        problems += server_url_problems(training.rollout_server_url)
     if training.sp_size > 1 and job.use_peft:
         problems.append("sp_size > 1 with use_peft is untested here; use one or the other")
     if problems:
@@ -153,22 +154,6 @@ def _unwritable(key: str, directory) -> str | None:
     except OSError as exc:
         return f"{key}={str(directory)!r}: cannot write in {existing} ({exc.strerror}); pick a directory you can write"
     return None
-
-
-def _server_health_problems(urls, timeout: float = 10.0) -> list[str]:
-    """Each rollout server answers ``GET /health`` with 200 within ``timeout`` seconds (one deadline per probe), so
-    an unreachable one is named before the model loads or the warm-start runs."""
-    from trl_gptoss.rollout.server import health_status
-
-    problems = []
-    for url in urls:
-        status = health_status(url, timeout)
-        if status != 200:
-            problems.append(
-                f"rollout_server_url entry {url!r} does not answer GET /health ({status}); start it "
-                "(`trl-gptoss vllm-serve ...`), drop it from the list, or set rollout_server_url: null to start one"
-            )
-    return problems
 
 
 def _local_server_problems() -> list[str]:

@@ -12,19 +12,24 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 
-def check_server(urls: list[str], timeout: float = 10.0) -> None:
-    """Raise at construction when a rollout server does not answer ``GET /health`` with 200, naming it.
-    ``urls``: as ``GptOssGRPOConfig`` normalised them (a list without repeats)."""
-    from trl_gptoss.rollout.server import health_status
+def server_url_problems(urls: list[str], timeout: float = 10.0) -> list[str]:
+    """One message per ``rollout_server_url`` entry that does not answer ``GET /health`` with 200 (``urls``: as
+    ``GptOssGRPOConfig`` normalised them): the job reports them before any model loads, the trainer at
+    construction."""
+    from trl_gptoss.rollout.server import unhealthy
 
-    for url in urls:
-        status = health_status(url, timeout)
-        if status == 200:
-            continue
-        raise ValueError(
-            f"rollout_server_url entry {url!r} does not answer GET /health ({status}); start the server "
-            "(`trl-gptoss vllm-serve ...`), drop it from the list, or set rollout_server_url=None to start one"
-        )
+    return [
+        f"rollout_server_url entry {url!r} does not answer GET /health ({status}); start the server "
+        "(`trl-gptoss vllm-serve ...`), drop it from the list, or set rollout_server_url: null to start one"
+        for url, status in unhealthy(urls, timeout)
+    ]
+
+
+def check_server(urls: list[str], timeout: float = 10.0) -> None:
+    """Raise at construction, naming every rollout server that does not answer ``GET /health`` with 200."""
+    problems = server_url_problems(urls, timeout)
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 def refuse_zero3(args, model) -> None:
