@@ -262,6 +262,21 @@ def _assert_on_policy(raw: dict, run: Rehearsal) -> None:
     assert not any("timing/old_logprobs" in h for h in run.steps), "an old-log-prob pass ran"
 
 
+def _timeline(raw: dict) -> list[str]:
+    """Pushes and sampled batches in order: one push per step before its batch; a recipe that evaluates held-out
+    problems samples them too -- on start with step 0's weights, and after the last step (Trainer evaluates at
+    the end under eval_strategy: steps) with the final weights, pushed first."""
+    events = []
+    for step in range(STEPS):
+        events.append(f"push@{step}")
+        if step == 0 and raw.get("eval_on_start"):
+            events.append("sample@0")  # the held-out evaluation, before training's first batch
+        events.append(f"sample@{step}")
+    if raw.get("eval_strategy") == "steps":
+        events += [f"push@{STEPS}", f"sample@{STEPS}"]
+    return events
+
+
 def _assert_pushes(recipe: Recipe, run: Rehearsal) -> None:
     """A push right before every generation (before the first, the shared server holds an earlier rehearsal's
     weights), each of every checkpoint tensor cast to the server's dtype and applied by the server (the pusher
@@ -269,8 +284,7 @@ def _assert_pushes(recipe: Recipe, run: Rehearsal) -> None:
     tensor it was sent as applied); the last one (the weights of a trained step) proven to land group by group
     by ``check_sync``."""
     pushes, numel = run.probe["pushes"], run.probe["pushed_numel"]
-    expected = [event for step in range(STEPS) for event in (f"push@{step}", f"sample@{step}")]
-    assert run.probe["timeline"] == expected, "every generation samples the weights pushed right before it"
+    assert run.probe["timeline"] == _timeline(recipe.raw), "every generation samples the weights pushed right before it"
     for push in pushes:
         assert push["server_dtype"] == "float32" and push["sent"] == ["float32"], push
         assert push["bytes"] == 4 * numel, (push["bytes"], numel)  # every checkpoint tensor, in the server's dtype
