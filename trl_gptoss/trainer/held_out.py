@@ -62,7 +62,5 @@ def _evaluate(trainer, dataset) -> dict:
     results, seconds = timed(evaluate_rows, sample, mine, graders, k, OWN_REWARDS)
     if accelerator.num_processes > 1:  # every rank's problems, and the slowest rank's time
         results, seconds = gather_object(results), max(gather_object([seconds]))
-    everyone = results
-    everyone = sorted(everyone, key=lambda r: r.problem)
-    trainer.held_out_results = everyone  # per problem, for inspection (and the job's JSON)
-    return summarize(everyone, graders, seconds=seconds) | {"weights_step": float(step)}
+    trainer.held_out_results = sorted(results, key=lambda r: r.problem)  # per problem, for inspection
+    return summarize(trainer.held_out_results, graders, seconds=seconds) | {"weights_step": float(step)}
