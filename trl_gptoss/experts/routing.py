@@ -60,6 +60,9 @@ class RoutingRecord:
     top_k: int
     hidden_size: int
     indices: list[torch.Tensor | None] = field(default_factory=list)
+    allow_missing: bool = False  # rows of -1 (a rollout engine reported no route): the router decides them
+    replayed_rows: int = 0  # rows replayed from the record, and of those, the ones the router would have
+    flipped_rows: int = 0  # routed to another expert set (counted per layer and forward by the replay hook)
 
     def __post_init__(self):
         if not self.indices:
@@ -74,10 +77,14 @@ class RoutingRecord:
         return cls([name for name, _ in routers], first.num_experts, first.top_k, first.hidden_dim)
 
     @classmethod
-    def from_layer_indices(cls, model: torch.nn.Module, indices: Sequence[torch.Tensor]) -> RoutingRecord:
+    def from_layer_indices(
+        cls, model: torch.nn.Module, indices: Sequence[torch.Tensor], allow_missing: bool = False
+    ) -> RoutingRecord:
         """Build a record from externally reported experts (e.g. a rollout engine): one ``[num_tokens, top_k]``
-        tensor per router layer, in layer order. Validated like a recorded one."""
+        tensor per router layer, in layer order. Validated like a recorded one. ``allow_missing``: a row of
+        ``-1`` is a token without a route (the router's own choice is used for it)."""
         record = cls.empty_for(model)
+        record.allow_missing = allow_missing
         if len(indices) != len(record.layer_names):
             raise ValueError(f"got routing for {len(indices)} layers, the model has {len(record.layer_names)} routers")
         record.indices = [record._checked(i, torch.as_tensor(t)) for i, t in enumerate(indices)]
@@ -110,12 +117,19 @@ class RoutingRecord:
             )
         if index.dtype.is_floating_point or index.dtype == torch.bool:
             raise ValueError(f"{self.describe_layer(layer)}: routing indices must be integers, got {index.dtype}")
-        if check_range and index.numel() and (int(index.min()) < 0 or int(index.max()) >= self.num_experts):
+        low = -1 if self.allow_missing else 0
+        if check_range and index.numel() and (int(index.min()) < low or int(index.max()) >= self.num_experts):
             raise ValueError(
-                f"{self.describe_layer(layer)}: expert ids must lie in [0, {self.num_experts}), got "
+                f"{self.describe_layer(layer)}: expert ids must lie in [0, {self.num_experts})"
+                f"{' or be -1 (no route)' if self.allow_missing else ''}, got "
                 f"[{int(index.min())}, {int(index.max())}] (expected shape {expected})"
             )
-        return index.detach().to(compact_index_dtype(self.num_experts))
+        return index.detach().to(torch.int16 if self.allow_missing else compact_index_dtype(self.num_experts))
+
+    @property
+    def flip_fraction(self) -> float:
+        """Of the rows replayed from the record, the fraction whose recorded experts differ from the router's."""
+        return self.flipped_rows / self.replayed_rows if self.replayed_rows else 0.0
 
     def check_compatible(self, model: torch.nn.Module) -> None:
         """Raise ``ValueError`` if this record cannot drive ``model``'s routers (other model or missing layers)."""
@@ -143,6 +157,7 @@ class RoutingRecord:
             self.top_k,
             self.hidden_size,
             [None if t is None else t.narrow(0, start, length) for t in self.indices],
+            allow_missing=self.allow_missing,
         )
 
     def to_dict(self) -> dict:
@@ -154,6 +169,7 @@ class RoutingRecord:
             "top_k": self.top_k,
             "hidden_size": self.hidden_size,
             "indices": [None if t is None else t.cpu() for t in self.indices],
+            "allow_missing": self.allow_missing,
         }
 
     @classmethod
@@ -164,7 +180,11 @@ class RoutingRecord:
                 f"expected {FORMAT_VERSION}"
             )
         record = cls(
-            list(state["layer_names"]), int(state["num_experts"]), int(state["top_k"]), int(state["hidden_size"])
+            list(state["layer_names"]),
+            int(state["num_experts"]),
+            int(state["top_k"]),
+            int(state["hidden_size"]),
+            allow_missing=bool(state.get("allow_missing", False)),
         )
         record.indices = [None if t is None else record._checked(i, t) for i, t in enumerate(state["indices"])]
         return record
@@ -195,14 +215,27 @@ def _record_hook(record: RoutingRecord, layer: int):
 
 def _replay_hook(record: RoutingRecord, layer: int):
     def hook(module, args, output):
-        router_logits = output[0]
+        router_logits, own = output[0], output[2]
         index = record._checked(layer, record.indices[layer], num_tokens=router_logits.shape[0], check_range=False)
         index = index.to(device=router_logits.device, dtype=torch.long)
+        if record.allow_missing:
+            index = _own_where_missing(record, index, own.to(torch.long))
         selected = router_logits.gather(-1, index)
         scores = torch.softmax(selected, dim=-1, dtype=selected.dtype)
         return router_logits, scores, index
 
     return hook
+
+
+def _own_where_missing(record: RoutingRecord, index: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    """Rows of -1 take the router's own experts; the others are counted, and compared with the router's
+    choice as sets (the order of the top-k does not change the layer's output)."""
+    missing = (index < 0).any(dim=-1)
+    replayed = ~missing
+    differs = (index.sort(dim=-1).values != own.sort(dim=-1).values).any(dim=-1) & replayed
+    record.replayed_rows += int(replayed.sum())
+    record.flipped_rows += int(differs.sum())
+    return torch.where(missing[:, None], own, index)
 
 
 @contextlib.contextmanager

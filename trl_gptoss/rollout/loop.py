@@ -34,6 +34,7 @@ from trl_gptoss.harmony.tokens import CALL, RETURN, START
 from trl_gptoss.rollout.config import RolloutConfig, derive_seed
 from trl_gptoss.rollout.event_loop import run_to_completion
 from trl_gptoss.rollout.request_gate import RequestGate
+from trl_gptoss.rollout.routes import TrajectoryRoutes, fill_shared_prefixes
 from trl_gptoss.rollout.tool_calls import ToolBox
 from trl_gptoss.rollout.types import GenerationRequest, Rollout, RolloutEngine
 from trl_gptoss.tools import ToolSet
@@ -76,12 +77,15 @@ async def arun_rollouts(
         ]
         tasks = [asyncio.create_task(c.run(), name=f"rollout-{c.index}") for c in conversations]
         try:
-            return list(await asyncio.gather(*tasks))
+            rollouts = list(await asyncio.gather(*tasks))
         except BaseException:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
+    if any(r.routes is not None for r in rollouts):  # a prompt a group shares was computed once, cached for the rest
+        fill_shared_prefixes([r.prompt_ids + r.completion_ids for r in rollouts], [r.routes for r in rollouts])
+    return rollouts
 
 
 def _engine_context(engine) -> int:
@@ -127,6 +131,7 @@ class _Conversation:
         self.sessions = toolbox.new_sessions()
         self.limit = min(config.max_completion_tokens, context - len(prompt_ids))  # completion tokens allowed
         self.call_id, self.return_id = codec.special(CALL), codec.special(RETURN)
+        self.routes = TrajectoryRoutes()
         self.rollout = Rollout(
             prompt_ids=list(prompt_ids),
             completion_ids=[],
@@ -151,6 +156,8 @@ class _Conversation:
             self.engine.finished()
         self.rollout.stop_reason = stop
         self.rollout.timings["total_s"] = time.perf_counter() - start
+        self.rollout.routes = self.routes.finish(len(self.prompt_ids) + len(self.rollout.completion_ids))
+        self.rollout.route_notes = self.routes.notes
         return self.rollout
 
     async def _turn(self) -> str | None:
@@ -177,6 +184,8 @@ class _Conversation:
                 f"engine returned {len(tokens)} tokens for max_new_tokens={room} (conversation "
                 f"{self.index}, turn {r.num_turns}); it breaks the RolloutEngine contract"
             )
+        if generation.routes is not None or generation.routes_note is not None:
+            self.routes.add_turn(generation.routes, generation.routes_note, r.num_turns + 1)
         r.completion_ids += tokens
         r.completion_mask += [1] * len(tokens)
         r.logprobs += [float(x) for x in generation.logprobs]

@@ -200,6 +200,13 @@ class MultiServerEngine:
             continued = None if generation is None else list(request.prompt_ids) + list(generation.token_ids)
             self.router.done(index, continued)
 
+    def enable_routes(self):
+        """Route capture on every server (``VLLMServerEngine.enable_routes``); they serve one model."""
+        shapes = {engine.enable_routes() for engine in self.engines}
+        if len(shapes) != 1:
+            raise ValueError(f"the rollout servers report different routers: {shapes}")
+        return shapes.pop()
+
     def push_weights(self, model) -> None:
         """Push ``model`` to every server (collective: every rank calls it, rank 0 sends), each verified."""
         from trl_gptoss.rollout.weights import push_model

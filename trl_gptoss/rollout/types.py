@@ -8,9 +8,12 @@ interface, so each conversation can advance on its own while others wait for the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from trl_gptoss.harmony.messages import Message
+
+if TYPE_CHECKING:
+    import torch
 
 FinishReason = Literal["stop", "length"]
 StopReason = Literal["final", "max_turns", "length", "parse_error"]
@@ -58,11 +61,16 @@ class Generation:
 
     ``logprobs[i]`` is the log-probability of ``token_ids[i]`` under the distribution actually sampled from
     (temperature applied; vLLM's ``processed_logprobs``), which is what the trainer recomputes.
+    ``routes``: when the engine was asked for them (``enable_routes``), the experts its routers chose for every
+    position of prompt + sampled tokens (``trl_gptoss.rollout.routes``), else ``None``, with ``routes_note``
+    saying why when they were asked for.
     """
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
+    routes: torch.Tensor | None = None
+    routes_note: str | None = None
 
     def __post_init__(self):
         if len(self.token_ids) != len(self.logprobs):
@@ -103,7 +111,9 @@ class Rollout:
     (unknown tool, bad arguments, the tool raised, the sandboxed program failed). ``errors`` describes
     each tool error and parse problem. ``timings``: ``generate_s`` (awaiting the engine, including the wait
     for other conversations' requests, ``RolloutConfig.engine_batch_window_s``), ``tool_s``
-    (awaiting tools, queueing included), ``total_s``, in seconds.
+    (awaiting tools, queueing included), ``total_s``, in seconds. ``routes``: the engine's experts for every
+    position of ``prompt_ids + completion_ids`` (``int16 [positions, layers, top_k]``, ``-1`` where the engine
+    reported none) when routes were asked for; ``route_notes`` says why positions lack them.
     """
 
     prompt_ids: list[int]
@@ -118,3 +128,5 @@ class Rollout:
     stop_reason: StopReason
     timings: dict[str, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    routes: torch.Tensor | None = None
+    route_notes: list[str] = field(default_factory=list)

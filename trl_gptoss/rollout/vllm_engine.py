@@ -14,9 +14,12 @@ malformed answers. A redirect is refused, never followed. Every error names the 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import uuid
 
 from trl_gptoss.rollout import server_answers
 from trl_gptoss.rollout.http_async import AsyncHTTPClient, HTTPTransportError
+from trl_gptoss.rollout.routes import RouteShape, parse_routes
 from trl_gptoss.rollout.server_answers import MalformedAnswer, VLLMServerError
 from trl_gptoss.rollout.server_secret import auth_headers, check_secret, secret_from_environment
 from trl_gptoss.rollout.types import Generation, GenerationRequest
@@ -101,6 +104,7 @@ class VLLMServerEngine:
         self.model = entry["id"]
         self.max_model_len = entry["max_model_len"]
         self._weight_sync = None
+        self.route_shape: RouteShape | None = None  # set by enable_routes
 
     # -- HTTP -------------------------------------------------------------------------------------------
     def request(
@@ -198,7 +202,31 @@ class VLLMServerEngine:
     async def generate(self, request: GenerationRequest) -> Generation:
         request.check_fits(self.max_model_len)
         payload = completion_payload(self.model, request)
-        return await self.arequest("POST", "/v1/completions", payload, check=self._generation_check(request))
+        if self.route_shape is not None:
+            payload["request_id"] = tag = uuid.uuid4().hex  # the worker stores the request's routes under it
+        generation = await self.arequest("POST", "/v1/completions", payload, check=self._generation_check(request))
+        if self.route_shape is None:
+            return generation
+        return await self._with_routes(generation, tag, len(request.prompt_ids) + len(generation.token_ids))
+
+    # -- routes (R3) ------------------------------------------------------------------------------------
+    def enable_routes(self) -> RouteShape:
+        """Ask the server's workers to capture every router's experts (``vllm_worker/gptoss_vllm_routes.py``);
+        from now on each ``generate`` also fetches its request's routes (``Generation.routes``). Returns the
+        served model's route shape."""
+        from trl_gptoss.rollout.weights.server_calls import collective_rpc
+
+        shapes = {RouteShape.from_answer(answer) for answer in collective_rpc(self, "gptoss_enable_routes")}
+        if len(shapes) != 1:
+            raise VLLMServerError(f"vLLM server at {self.base_url}: its workers report different routers {shapes}")
+        self.route_shape = shapes.pop()
+        return self.route_shape
+
+    async def _with_routes(self, generation: Generation, tag: str, positions: int) -> Generation:
+        payload = {"method": "gptoss_take_routes", "args": [tag]}
+        answer = await self.arequest("POST", "/collective_rpc", payload, retries=0, check=server_answers.rpc_results)
+        routes, note = parse_routes(answer[0], self.route_shape, positions)  # workers of one engine route alike
+        return dataclasses.replace(generation, routes=routes, routes_note=note)
 
     async def aclose(self) -> None:
         """Close the running event loop's connections now (they are closed anyway when the loop ends)."""

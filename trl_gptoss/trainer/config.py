@@ -116,11 +116,13 @@ class GptOssGRPOConfig(GRPOConfig):
     rollout_rs_threshold_lower: float = field(
         default=0.999, metadata={"help": "Lower bound on the geometric-mean ratio for geometric rejection."}
     )
-    routing_replay: bool = field(
-        default=False,
+    routing_replay: str = field(
+        default="off",
         metadata={
-            "help": "R3: when old log-probs need their own pass (off-policy), record the experts it "
-            "routes to and replay them in the training pass."
+            "help": "MoE routing replay. 'rollout' (R3): the rollout engine reports the experts its routers chose "
+            "for every token (rollout_backend='vllm_server') and the training passes route exactly so; positions "
+            "without a route fall back to the router. 'old_logprob' (R2): the old-log-prob pass of an "
+            "off-policy run records its experts and the loss pass replays them. 'off' (false): the router decides."
         },
     )
     max_staleness: int = field(
@@ -195,12 +197,13 @@ class GptOssGRPOConfig(GRPOConfig):
             )
         super().__post_init__()
         _check_report_to(self.report_to)  # after TrainingArguments turned "all"/"none"/a name into a list
-        if self.routing_replay and not self.needs_old_logprobs_pass:
+        if self.routing_replay == "old_logprob" and not self.needs_old_logprobs_pass:
             raise ValueError(
-                "routing_replay=True has nothing to replay: every batch is trained by one optimizer step "
+                "routing_replay='old_logprob' has nothing to replay: every batch is trained by one optimizer step "
                 f"(gradient_accumulation_steps={self.gradient_accumulation_steps} is a multiple of "
                 f"steps_per_generation={self.steps_per_generation} x num_iterations={self.num_iterations}), so no "
-                "old-log-prob pass runs; drop routing_replay or reuse batches (e.g. num_iterations=2)"
+                "old-log-prob pass runs; use routing_replay='rollout' (the engine's routes), 'off', or reuse batches "
+                "(e.g. num_iterations=2)"
             )
         self._check_staleness_schedule()
         self._check_model_init_implementations()
@@ -281,6 +284,13 @@ class GptOssGRPOConfig(GRPOConfig):
         check.registered("attn_implementation", self.attn_implementation, ALL_ATTENTION_FUNCTIONS)
         check.registered("experts_implementation", self.experts_implementation, ALL_EXPERTS_FUNCTIONS)
         check.one_of("logprobs_implementation", self.logprobs_implementation, LOGPROBS_IMPLEMENTATIONS)
+        self.routing_replay = _routing_replay_mode(self.routing_replay)
+        if self.routing_replay == "rollout" and not kind.returns_routes:
+            raise ValueError(
+                f"routing_replay='rollout' replays the routes the rollout engine reports, but rollout_backend="
+                f"{self.rollout_backend!r} reports none; use rollout_backend='vllm_server', or routing_replay="
+                "'old_logprob' / 'off'"
+            )
 
     def _check_parent_fields(self) -> None:
         """TRL fields whose bad values would fail late (after the model loads) or train silently wrong."""
@@ -417,6 +427,17 @@ def _flyte_installed(name: str) -> bool:
     from transformers.integrations.integration_utils import is_flyte_deck_standard_available
 
     return name == "flyte" and is_flyte_deck_standard_available()
+
+
+ROUTING_REPLAY_MODES = ("off", "old_logprob", "rollout")
+
+
+def _routing_replay_mode(value) -> str:
+    """``routing_replay`` as one of ``ROUTING_REPLAY_MODES``; ``true`` keeps its old meaning (``old_logprob``)."""
+    if isinstance(value, bool) or value in ("true", "false", "True", "False"):
+        return "old_logprob" if value in (True, "true", "True") else "off"
+    check.one_of("routing_replay", value, ROUTING_REPLAY_MODES)
+    return value
 
 
 def _checked_tool_names(names) -> list[str]:

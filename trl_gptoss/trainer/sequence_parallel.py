@@ -30,6 +30,9 @@ def check_sequence_parallel(args, model_config) -> ContextParallelPlugin:
         "num_iterations > 1 or batches reused across optimizer steps (old log-probs are not sharded yet)": (
             args.needs_old_logprobs_pass
         ),
+        "routing_replay='rollout' (the engine's routes are not sharded along the sequence yet)": (
+            args.routing_replay == "rollout"
+        ),
     }
     refused = [what for what, bad in unsupported.items() if bad]
     if refused:

@@ -26,7 +26,7 @@ from trl_gptoss.trainer.loss_pass import LocalCollectives, LossPass
 from trl_gptoss.trainer.master_weights import MasterWeightsGuard
 from trl_gptoss.trainer.model_card import PAPER, card_model_name, rewrite_card
 from trl_gptoss.trainer.policy import load_policy, model_init_warning_dropped, resolve_aux_coef, switch_implementations
-from trl_gptoss.trainer.replay import RoutingReplay
+from trl_gptoss.trainer.replay import routing_replay_for
 from trl_gptoss.trainer.resume import StopAndResume
 from trl_gptoss.trainer.rollouts import final_answer_completions, rollout_metrics, rollouts_to_trl
 from trl_gptoss.trainer.sampling import Sampler
@@ -75,7 +75,7 @@ class GptOssGRPOTrainer(GRPOTrainer):
         switch_implementations(self.ref_model, args)  # TRL built it from the policy's path (None when beta is 0)
         replace_fused_heads(args, (self.model, self.ref_model), self.temperature)
         self.sp_loss = SequenceParallelLoss.for_config(args, self.model.config)  # None unless sp_size > 1
-        self.routing_replay = RoutingReplay() if args.routing_replay else None
+        self.routing_replay = routing_replay_for(args, self.model)  # None unless routing_replay is on
         self.timer = PhaseTimer(self)
         self.add_callback(OptimizerTimer(self.timer))
         self.add_callback(MasterWeightsGuard(self))  # bf16 weights in a torch optimizer at an lr they round away
@@ -109,6 +109,8 @@ class GptOssGRPOTrainer(GRPOTrainer):
     def _rollout_batch(self, prompts, trainer) -> dict:
         batch = self.sampler.sample(prompts, self.state.global_step, train=self.model.training)
         metrics = rollout_metrics(batch.rollouts, self.accelerator)
+        if self.routing_replay is not None and self.routing_replay.allow_missing:  # R3: the engine's routes
+            metrics.update(self.routing_replay.keep(batch.rollouts))
         if self.sampler.overlaps:
             metrics["rollout/staleness"] = float(self.state.global_step - batch.version)
         self._log_metrics(metrics)
@@ -146,7 +148,7 @@ class GptOssGRPOTrainer(GRPOTrainer):
             self.routing_replay.arm()
         output = super()._generate_and_score_completions(inputs)
         if self.routing_replay is not None:
-            output["routing_indices"] = self.routing_replay.take()
+            output["routing_indices"] = self.routing_replay.take(output)
         return output
 
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -203,19 +205,21 @@ class GptOssGRPOTrainer(GRPOTrainer):
             entropies = loss_pass.entropies
             entropies = torch.full_like(loss_pass.logps, float("nan")) if entropies is None else entropies
             return loss_pass.logps, entropies, None
-        recorded = loss_pass.inputs.get("routing_indices")
+        recorded, routed = loss_pass.inputs.get("routing_indices"), None
         if recorded is not None:  # training: gradient checkpointing re-runs routers in backward, so the
-            loss_pass.scope.enter_context(self.routing_replay.replay(model, recorded))  # scope outlives it
+            routed = loss_pass.scope.enter_context(self.routing_replay.replay(model, recorded))  # scope outlives it
         logps, entropies, aux = super()._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, *args, **kwargs
         )
         self._log_metrics(loss_pass.correct(logps, self.args))
+        if routed is not None and routed.allow_missing:  # R3: how often the trainer's router disagrees
+            self._log_metrics({"rollout/route_flip_fraction": routed.flip_fraction})
         return logps, entropies, aux
 
     def _logps_outside_loss(self, model, *args, **kwargs):
         """Old-policy (and reference) log-probs; R3 records the routing of the old-policy pass."""
         parent = super()._get_per_token_logps_and_entropies
-        if self.routing_replay is not None and self.routing_replay.armed:
+        if self.routing_replay is not None and self.routing_replay.armed and model is self.model:
             return self.routing_replay.record(parent, model, *args, **kwargs)
         return parent(model, *args, **kwargs)
 

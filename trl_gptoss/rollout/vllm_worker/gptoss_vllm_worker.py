@@ -31,6 +31,11 @@ from safetensors import safe_open
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import load_file
 
+try:  # the server's interpreter: this directory is on its path, trl_gptoss is not installed there
+    from gptoss_vllm_routes import RouteCapture
+except ImportError:  # imported as part of trl_gptoss (tests, the pushers' name rules)
+    from trl_gptoss.rollout.vllm_worker.gptoss_vllm_routes import RouteCapture
+
 _LAYER_RE = re.compile(r"^(model\.layers\.\d+)\.")
 PUSH_FILE_RE = re.compile(r"gptoss-push-[A-Za-z0-9_]+\.safetensors")  # tempfile.mkstemp(prefix=, suffix=) names
 
@@ -60,8 +65,9 @@ def _checkpoint_dir(model: str) -> Path:
     return Path(snapshot_download(model, local_files_only=True))
 
 
-class GptOssWeightSyncExtension:
-    """Methods added to vLLM's worker; ``self`` is the worker (``self.model_runner``, ``self.vllm_config``)."""
+class GptOssWeightSyncExtension(RouteCapture):
+    """Methods added to vLLM's worker; ``self`` is the worker (``self.model_runner``, ``self.vllm_config``).
+    Route capture (R3) comes from ``gptoss_vllm_routes.RouteCapture``."""
 
     def gptoss_checkpoint_layout(self) -> dict:
         """``{checkpoint name: shape}`` of the served checkpoint (from the safetensors headers, no tensor read):

@@ -1,10 +1,11 @@
 """The engine kinds a trainer samples from: one table, one row per kind (``rollout_backend`` names a row).
 
 A kind is a ``RolloutEngine`` module in ``trl_gptoss/rollout/`` plus a row here: how to build the engine for a
-policy, whether it is fed by a rollout server (``rollout_server_url``; started from the policy when unset), and
+policy, whether it is fed by a rollout server (``rollout_server_url``; started from the policy when unset),
 whether it may sample in the background while the policy trains (``max_staleness: 1`` needs a separate copy of
-the weights). The config validates ``rollout_backend`` and those two properties against this table, the
-``Sampler`` builds from it; nothing else names a kind.
+the weights) and whether it reports its routers' experts (``routing_replay: rollout``). The config validates
+``rollout_backend`` and those properties against this table, the ``Sampler`` builds from it; nothing else names
+a kind.
 """
 
 from __future__ import annotations
@@ -25,11 +26,14 @@ class BuiltEngine:
 class EngineKind:
     """``build(args, model, tokenizer) -> BuiltEngine``: collective under ``torch.distributed`` (every rank calls
     it with its own, possibly sharded, policy). ``needs_server``: samples from ``rollout_server_url``.
-    ``may_overlap``: may sample the next batch while this step trains (it holds its own copy of the weights)."""
+    ``may_overlap``: may sample the next batch while this step trains (it holds its own copy of the weights).
+    ``returns_routes``: its engine reports the experts its routers chose (``enable_routes()``; ``routing_replay:
+    rollout``)."""
 
     build: Callable[..., BuiltEngine]
     needs_server: bool
     may_overlap: bool
+    returns_routes: bool = False
 
 
 def build_in_process(args, model, tokenizer) -> BuiltEngine:
@@ -60,6 +64,6 @@ def build_vllm_server(args, model, tokenizer) -> BuiltEngine:
 
 
 ENGINE_KINDS: dict[str, EngineKind] = {
-    "vllm_server": EngineKind(build=build_vllm_server, needs_server=True, may_overlap=True),
+    "vllm_server": EngineKind(build=build_vllm_server, needs_server=True, may_overlap=True, returns_routes=True),
     "transformers": EngineKind(build=build_in_process, needs_server=False, may_overlap=False),
 }

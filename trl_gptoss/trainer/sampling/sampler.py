@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 from trl_gptoss.rollout.event_loop import CLOSE_TIMEOUT_S, LoopThread, run_to_completion
 from trl_gptoss.rollout.loop import arun_rollouts
+from trl_gptoss.rollout.routes import RouteShape
+from trl_gptoss.rollout.weights.names import unwrap
 from trl_gptoss.trainer.checks import as_conversation
 from trl_gptoss.trainer.rollouts import rollout_config
 from trl_gptoss.trainer.sampling.engines import ENGINE_KINDS
@@ -86,6 +88,21 @@ class Sampler:
         self._job: _Job | None = None
         self._peek = NextBatchPeek()
         self._read_ahead: list | None = None  # prompts of the next generation batch, read, not started yet
+        if args.routing_replay == "rollout":
+            self._enable_routes(policy())
+
+    def _enable_routes(self, policy) -> None:
+        """Ask the engine for every request's routes; its routers must be the policy's (layers, top-k, experts)."""
+        try:
+            served, trained = self.engine.enable_routes(), RouteShape.of_model(unwrap(policy, peft=True))
+            if served != trained:
+                raise ValueError(
+                    f"routing_replay='rollout': the rollout engine's routers are {served}, the policy's {trained}; "
+                    "serve the policy's checkpoint"
+                )
+        except BaseException:
+            self.close()  # the server this sampler started, if any
+            raise
 
     # -- the timeline ---------------------------------------------------------------------------------------
     def sample(self, prompts: list, step: int, *, train: bool = True, settings: dict | None = None) -> SampledBatch:

