@@ -189,3 +189,28 @@ def test_importing_the_experts_package_leaves_routing_unloaded():
     code = "import sys, trl_gptoss.experts; print('trl_gptoss.experts.routing' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_rows_without_a_route_fall_back_to_the_router_and_flips_are_counted():
+    """A rollout engine's table: rows of -1 (no route) take the router's own experts; replayed rows are compared
+    with the router's choice as sets and counted."""
+    model, input_ids = _model("eager"), _batch()
+    with torch.no_grad(), record_routing(model) as recorded:
+        expected = token_log_probs(model, input_ids)
+    tables = [t.to(torch.int16).clone() for t in recorded.indices]
+    tables[0][:7] = -1  # the first sequence's first 7 tokens had no route in layer 0
+    record = RoutingRecord.from_layer_indices(model, tables, allow_missing=True)
+    assert RoutingRecord.from_dict(record.to_dict()).allow_missing and record.narrow(0, 7).indices[0].min() == -1
+    with torch.no_grad(), boost_unselected_experts(model, recorded), replay_routing(model, record) as replayed:
+        replayed_log_probs = token_log_probs(model, input_ids)
+    rows = BATCH * LENGTH
+    assert replayed.replayed_rows == rows * len(tables) - 7  # every row with a route, every layer
+    assert replayed.flipped_rows == replayed.replayed_rows  # the boost moves every router off the record
+    assert replayed.flip_fraction == 1.0
+    # the 7 rows without a route followed the boosted router: only the first sequence from there on differs
+    assert torch.equal(replayed_log_probs[1], expected[1])
+    assert (replayed_log_probs[0, :6] - expected[0, :6]).abs().max() > 1e-3
+    with pytest.raises(ValueError, match=r"or be -1 \(no route\)"):
+        RoutingRecord.from_layer_indices(model, [t.clone().fill_(-2) for t in tables], allow_missing=True)
+    with pytest.raises(ValueError, match=r"must lie in \[0, 8\), got \[-1"):
+        RoutingRecord.from_layer_indices(model, tables)  # -1 only where the record says it may be missing

@@ -39,7 +39,7 @@ def test_yaml_through_trlparser(tmp_path):
     assert (args.rollout_backend, args.max_turns_per_conversation, args.tool_names) == ("transformers", 3, ["python"])
     assert args.correction_preset == CorrectionPreset("sequence", "mask", False)
     assert args.correction_thresholds().is_upper == 1.5
-    assert args.router_aux_loss_coef is not UNSET_AUX_COEF and args.routing_replay
+    assert args.router_aux_loss_coef is not UNSET_AUX_COEF and args.routing_replay == "old_logprob"  # true's meaning
 
 
 def test_trl_fields_are_the_vocabulary_with_our_defaults():
@@ -243,6 +243,9 @@ def test_server_url_list_is_kept_and_a_string_becomes_one():
         (dict(rollout_is_threshold=-1.0), "clip_max"),
         (dict(rollout_rs_threshold=0.5), "threshold"),
         (dict(routing_replay=True), "nothing to replay"),
+        (dict(routing_replay="old_logprob"), "routing_replay='rollout'"),
+        (dict(routing_replay="sometimes"), "routing_replay='sometimes'; choose one of"),
+        (dict(routing_replay="rollout", rollout_backend="transformers"), "reports none"),
         (dict(use_vllm=True), "rollout_backend"),
         (dict(sp_size=3), "sp_size"),
     ],
@@ -512,3 +515,8 @@ def test_a_launcher_world_accelerate_does_not_see_is_refused():
     check_world(2, {"WORLD_SIZE": "2"})
     check_world(1, {})
     check_world(1, {"WORLD_SIZE": "1"})
+
+
+@pytest.mark.parametrize("value, mode", [(False, "off"), ("false", "off"), ("rollout", "rollout"), ("off", "off")])
+def test_routing_replay_modes(value, mode):
+    assert GptOssGRPOConfig("out", use_cpu=True, routing_replay=value).routing_replay == mode

@@ -250,3 +250,24 @@ def test_the_peek_hands_the_item_back_to_the_same_iterator_only():
     assert list(peek.read(iter(["next epoch"]))) == ["next epoch"]  # a new epoch's iterator drops the item
     exhausted = iter(())
     assert peek.peek(exhausted) is None and list(peek.read(exhausted)) == []
+
+
+def test_routes_from_an_engine_whose_routers_are_not_the_policys_are_refused(tokenizer, tmp_path, monkeypatch):
+    from trl_gptoss.rollout.routes import RouteShape
+    from trl_gptoss.testing import tiny_gpt_oss
+
+    engine = VersionEngine(tokenizer)
+    engine.enable_routes = lambda: RouteShape(layers=3, top_k=2, num_experts=4)  # the policy has 2 layers
+    released = []
+    kind = EngineKind(
+        build=lambda *a: BuiltEngine(engine, release=lambda: released.append(1)),
+        needs_server=False,
+        may_overlap=False,
+        returns_routes=True,
+    )
+    monkeypatch.setitem(ENGINE_KINDS, "routed", kind)
+    args = grpo_args(tmp_path, rollout_backend="routed", routing_replay="rollout")
+    policy = tiny_gpt_oss(seed=0)
+    with pytest.raises(ValueError, match=r"routers are RouteShape\(layers=3.*the policy's RouteShape\(layers=2"):
+        Sampler(args, lambda: policy, tokenizer, tools=[], system=SYSTEM, world=PartialState(), record=print)
+    assert released == [1]  # the server it would have started is not left behind
