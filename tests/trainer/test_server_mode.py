@@ -155,3 +155,31 @@ def test_lora_run_pushes_merged_weights(taught, tokenizer, tmp_path, server):
     assert _server_vs_trainer_max_diff(trainer, tokenizer) <= 1e-4
     with peft_model.disable_adapter():  # the adapters matter: the base model alone scores differently
         assert _server_vs_trainer_max_diff(trainer, tokenizer) > 1e-3
+
+
+def test_top_p_is_scored_on_the_support_the_engine_sampled_from(tokenizer, tmp_path, server):
+    """TRL #7269: with top_p < 1 the engine reports log-probs of the truncated distribution; scored on the full
+    softmax, the on-policy IS weight's mean is the kept mass. The head scores the same support instead."""
+    trainer = _trainer(
+        tiny_gpt_oss(seed=1),  # untaught: flat next-token distributions, so top_p = 0.8 drops real mass
+        tokenizer,
+        tmp_path,
+        server,
+        calls=[1, 2],
+        max_steps=1,
+        max_completion_length=32,
+        top_p=0.8,
+        vllm_importance_sampling_correction=True,
+    )
+    trainer.train()
+    assert abs(logged(trainer, "rollout_corr/is_weight_mean")[0] - 1) <= 1e-3
+    assert logged(trainer, "rollout_corr/abs_logp_diff_max")[0] <= 1e-4
+    # what the full softmax would have read: the engine's samples, scored without the support
+    prompt = list(range(10, 40))
+    generation = trainer.sampler.engine.generate_sync(GenerationRequest(prompt, 24, top_p=0.8, seed=5))
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + generation.token_ids])).logits[0, len(prompt) - 1 : -1]
+    full = logits.float().log_softmax(-1).gather(-1, torch.tensor(generation.token_ids)[:, None])[:, 0]
+    kept_mass = (full - torch.tensor(generation.logprobs)).exp().mean().item()
+    assert kept_mass < 0.9, f"top_p=0.8 kept {kept_mass:.3f} of the mass: the test would not tell the two apart"

@@ -31,6 +31,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from gptoss_kernels import selective_logprobs
 from trl_gptoss.parallel.batching import IGNORE_INDEX
+from trl_gptoss.parallel.truncation import truncated_log_mass
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,9 @@ class HeadConfig:
     ``entropy``). ``chunk_size``: token rows per ``[chunk, V]`` fp32 tile (None: ``selective_logprobs``'s
     default, ~256 MiB per tile). ``cast_to_fp32``: the labelled hidden states, ``lm_head``'s weight and bias
     enter the op as fp32 (TRL's ``cast_lm_head_to_fp32``); their gradients return in each input's dtype.
+    ``top_k`` (> 0) / ``top_p`` (< 1): the engine sampled from that support only; the log-probs are then those of
+    the truncated distribution it sampled from (``truncation.truncated_log_mass``), the entropies stay those of
+    the full tempered distribution.
     """
 
     temperature: float = 1.0
@@ -49,6 +53,12 @@ class HeadConfig:
     entropy_grad: bool = False
     chunk_size: int | None = None
     cast_to_fp32: bool = False
+    top_k: int = -1
+    top_p: float = 1.0
+
+    @property
+    def truncates(self) -> bool:
+        return self.top_k > 0 or self.top_p < 1
 
     def __post_init__(self):
         t = self.temperature
@@ -61,6 +71,11 @@ class HeadConfig:
             raise ValueError(f"cast_to_fp32 must be a bool, got {self.cast_to_fp32!r}")
         if self.entropy_grad and not self.entropy:
             object.__setattr__(self, "entropy", True)
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
+            raise ValueError(f"top_k must be an int >= -1 (0 or -1: off), got {self.top_k!r}")
+        p = self.top_p
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 < p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {p!r}")
 
 
 def bare_causal_lm(module):
@@ -118,6 +133,11 @@ def token_values(hidden, weight, bias, labels, config: HeadConfig):
         chunk_size=config.chunk_size,
     )
     logp, entropy = out if config.entropy else (out, None)
+    if config.truncates:  # the engine sampled from the top-k / top-p support: score that distribution
+        mass = truncated_log_mass(
+            selected, weight, bias, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p
+        )
+        logp = logp - mass.to(logp.dtype)
     logp = logp.new_zeros(keep.shape).masked_scatter(keep, logp)
     if entropy is not None:
         entropy = entropy.new_zeros(keep.shape).masked_scatter(keep, entropy)

@@ -23,12 +23,18 @@ def processed_logprobs(logits: torch.Tensor, temperature, top_k=None, top_p=None
     z = logits.to(compute_dtype)
     batch = z.shape[0]
     temperature = torch.as_tensor(temperature, dtype=compute_dtype, device=z.device).expand(batch)
-    z = z / temperature[:, None]
+    return torch.log_softmax(truncated(z / temperature[:, None], top_k, top_p), dim=-1)
+
+
+def truncated(z: torch.Tensor, top_k=None, top_p=None) -> torch.Tensor:
+    """Tempered logits ``z [B, V]`` with every token outside the top-k / top-p support set to ``-inf`` (the
+    rule above; ``top_k <= 0``, ``top_p == 1`` or ``None`` disable a filter)."""
+    batch = z.shape[0]
     if top_k is not None:
         z = _mask_top_k(z, torch.as_tensor(top_k, device=z.device).expand(batch))
     if top_p is not None:
-        z = _mask_top_p(z, torch.as_tensor(top_p, dtype=compute_dtype, device=z.device).expand(batch))
-    return torch.log_softmax(z, dim=-1)
+        z = _mask_top_p(z, torch.as_tensor(top_p, dtype=z.dtype, device=z.device).expand(batch))
+    return z
 
 
 def _mask_top_k(z: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

@@ -309,6 +309,12 @@ class GptOssGRPOConfig(GRPOConfig):
         check.finite_number("temperature", self.temperature, low=0, low_open=True)
         check.finite_number("top_p", self.top_p, low=0, high=1, low_open=True)
         check.positive_int("top_k", self.top_k, minimum=-1)
+        if (self.engine_top_k > 0 or self.top_p < 1) and self.logprobs_implementation == "trl":
+            raise ValueError(
+                f"top_k={self.top_k} / top_p={self.top_p}: the engines sample from the truncated distribution, but "
+                "logprobs_implementation='trl' scores the full softmax (the on-policy ratio against the engine "
+                "would read the kept probability mass as mismatch); use logprobs_implementation='selective_logprobs'"
+            )
         check.one_of("loss_type", self.loss_type, check.LOSS_TYPES)
         check.one_of("vllm_importance_sampling_mode", self.vllm_importance_sampling_mode, TRL_IS_MODES)
         if not isinstance(self.vllm_importance_sampling_correction, bool):
@@ -380,6 +386,11 @@ class GptOssGRPOConfig(GRPOConfig):
         """What rollout correction does in this run, from TRL's IS fields and ``rollout_geometric_rejection``."""
         mode = self.vllm_importance_sampling_mode if self.vllm_importance_sampling_correction else None
         return preset_from_trl(mode, self.rollout_geometric_rejection)
+
+    @property
+    def engine_top_k(self) -> int:
+        """``top_k`` as the engines and the heads take it: -1 when off (TRL's 0 and null)."""
+        return self.top_k if self.top_k and self.top_k > 0 else -1
 
     @property
     def max_turns_per_conversation(self) -> int:

@@ -42,20 +42,31 @@ def replace_fused_heads(args, models, temperature: float) -> None:
         return
     for model in models:
         if model is not None:
-            add_selective_logprobs_head(unwrap(model, peft=True), temperature, args.cast_lm_head_to_fp32)
+            bare, top = unwrap(model, peft=True), {"top_k": args.engine_top_k, "top_p": args.top_p}
+            add_selective_logprobs_head(bare, temperature, args.cast_lm_head_to_fp32, **top)
 
 
-def add_selective_logprobs_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bool = False) -> None:
+def add_selective_logprobs_head(
+    model, temperature: float = 1.0, cast_lm_head_to_fp32: bool = False, *, top_k: int = -1, top_p: float = 1.0
+) -> None:
     """Serve ``model(..., labels=labels, fused_lm_head=True)`` with ``token_values`` (log-probs and entropies of
     the tempered distribution at every position whose next-token label is not -100, 0 elsewhere; the entropies
-    carry gradient, as TRL's do).
+    carry gradient, as TRL's do). ``top_k`` / ``top_p``: the log-probs are those of the truncated distribution
+    the engine sampled from (``HeadConfig``).
 
     Call on the bare model (under PEFT: ``get_base_model()``) after TRL's own patch; other calls (generation,
     plain forwards) go to the forward it replaces. Returns nothing; the model is patched in place. Refuses what
     the head refuses, before patching: a bad ``temperature`` (``HeadConfig``) and an ``lm_head`` that is not a
     plain linear layer, e.g. a PEFT adapter (``output_head``).
     """
-    config = HeadConfig(temperature=temperature, entropy=True, entropy_grad=True, cast_to_fp32=cast_lm_head_to_fp32)
+    config = HeadConfig(
+        temperature=temperature,
+        entropy=True,
+        entropy_grad=True,
+        cast_to_fp32=cast_lm_head_to_fp32,
+        top_k=top_k,
+        top_p=top_p,
+    )
     output_head(model)
     fallback = model.forward
 

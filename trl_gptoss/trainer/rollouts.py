@@ -25,7 +25,7 @@ def rollout_config(args, step: int, process_index: int, system=None) -> RolloutC
         max_completion_tokens=args.max_completion_length,
         temperature=args.temperature,
         top_p=args.top_p,
-        top_k=args.top_k if args.top_k and args.top_k > 0 else -1,
+        top_k=args.engine_top_k,
         seed=derive_seed(args.seed, step, process_index),
         system=system,
     )

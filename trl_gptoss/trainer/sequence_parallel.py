@@ -49,6 +49,8 @@ def sequence_parallel_head(args) -> HeadConfig:
         entropy=True,
         entropy_grad=args.entropy_coef != 0,
         cast_to_fp32=args.cast_lm_head_to_fp32,
+        top_k=args.engine_top_k,
+        top_p=args.top_p,
     )
 
 
