@@ -4,6 +4,8 @@ import glob
 import os
 import tempfile
 
+import pytest
+
 from trl_gptoss.tools.sandbox import cgroups, userns
 from trl_gptoss.tools.sandbox.runner import CALL_DIR_PREFIX
 
@@ -17,6 +19,22 @@ TIGHT = dict(
     output_bytes=64 * 1024,
     memory_bytes=512 << 20,
 )
+
+
+# The two ways a namespaced call starts: its own bubblewrap, or a fork of the sandbox's zygote.
+LAUNCHERS = [pytest.param(False, id="bwrap"), pytest.param(True, id="zygote")]
+
+
+def sandbox_for(zygote: bool, *args, **kwargs):
+    """A ``PythonSandbox(..., zygote=zygote)``; skips the test where this host cannot run a zygote."""
+    from trl_gptoss.tools import PythonSandbox
+
+    try:
+        return PythonSandbox(*args, zygote=zygote, **kwargs)
+    except ValueError as exc:
+        if zygote and "zygote" in str(exc):
+            pytest.skip(str(exc))
+        raise
 
 
 def sandbox_uid_range(pid: int | None = None) -> range:
@@ -55,9 +73,24 @@ def own_cgroups(token: str | None = None) -> list[str]:
     return glob.glob(os.path.join(cgroups.ROOT, "*", pattern)) + glob.glob(os.path.join(cgroups.ROOT, pattern))
 
 
+def is_zygote(pid: int) -> bool:
+    """A sandbox's zygote or one of its two bubblewrap processes (which live on between calls), not a call:
+    a call's processes are forks of the zygote too, but one PID namespace deeper."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"/.sandbox/zygote.py" not in f.read():
+                return False
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return False
+    return len(status["NSpid"].split()) <= 2
+
+
 def descendants(pid: int, ignore=()) -> list[int]:
     """All live descendants of ``pid`` found through /proc (ppid links), except the subtrees rooted at
-    ``ignore`` (processes that were there before the call, e.g. a session-wide vLLM server fixture)."""
+    ``ignore`` (processes that were there before the call, e.g. a session-wide vLLM server fixture) and
+    sandbox zygotes (``is_zygote``; their calls are still listed)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -73,6 +106,7 @@ def descendants(pid: int, ignore=()) -> list[int]:
     while todo:
         for child in children.get(todo.pop(), []):
             if child not in ignore:
-                out.append(child)
+                if not is_zygote(child):
+                    out.append(child)
                 todo.append(child)
     return out

@@ -7,15 +7,25 @@ import time
 
 import pytest
 
-from tests.tools.helpers import TIGHT, descendants, own_call_dirs, processes_of_uids, sandbox_uid_range
+from tests.tools.helpers import (
+    LAUNCHERS,
+    TIGHT,
+    descendants,
+    own_call_dirs,
+    processes_of_uids,
+    sandbox_for,
+    sandbox_uid_range,
+)
 from trl_gptoss.tools import PythonSandbox, SandboxLimits, ToolResult
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox uses Linux rlimits and /proc")
 
 
-@pytest.fixture(scope="module")
-def sandbox():
-    return PythonSandbox(SandboxLimits(**TIGHT), max_concurrency=16)
+@pytest.fixture(scope="module", params=LAUNCHERS)
+def sandbox(request):
+    sandbox = sandbox_for(request.param, SandboxLimits(**TIGHT), max_concurrency=16)
+    yield sandbox
+    sandbox.close()
 
 
 def test_prints_and_exit_codes(sandbox):
@@ -32,7 +42,7 @@ def test_prints_and_exit_codes(sandbox):
 def test_closing_its_own_output_does_not_end_the_call_early(sandbox):
     finishes = sandbox.run("import os, time\nos.close(1)\nos.close(2)\ntime.sleep(0.3)\nos._exit(3)")
     assert finishes.exit_code == 3 and not finishes.timed_out and finishes.wall_time >= 0.3
-    hangs = PythonSandbox(SandboxLimits(**{**TIGHT, "wall_seconds": 1.0})).run(
+    hangs = PythonSandbox(SandboxLimits(**{**TIGHT, "wall_seconds": 1.0}), zygote=sandbox.zygote).run(
         "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(30)"
     )
     assert hangs.timed_out and 1.0 <= hangs.wall_time < 3.0

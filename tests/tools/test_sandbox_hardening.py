@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.helpers import TIGHT, own_cgroups
-from trl_gptoss.tools import PythonSandbox, SandboxLimits, detect_isolation
+from tests.tools.helpers import LAUNCHERS, TIGHT, own_cgroups, sandbox_for
+from trl_gptoss.tools import SandboxLimits, detect_isolation
 from trl_gptoss.tools.result import NOTICE_TAG, ToolResult, clean_output
 from trl_gptoss.tools.sandbox import cgroups
 from trl_gptoss.tools.sandbox.view import INIT_HOST
@@ -24,11 +24,13 @@ namespaces_only = pytest.mark.skipif(
 FILES = 512
 
 
-@pytest.fixture(scope="module")
-def sandbox():
+@pytest.fixture(scope="module", params=LAUNCHERS)
+def sandbox(request):
     if sys.platform != "linux" or detect_isolation() != "namespaces":
         pytest.skip("needs namespace isolation")
-    return PythonSandbox(SandboxLimits(**{**TIGHT, "wall_seconds": 3.0, "disk_files": FILES}))
+    sandbox = sandbox_for(request.param, SandboxLimits(**{**TIGHT, "wall_seconds": 3.0, "disk_files": FILES}))
+    yield sandbox
+    sandbox.close()
 
 
 FILL = (

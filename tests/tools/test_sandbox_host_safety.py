@@ -105,9 +105,10 @@ print(json.dumps({"host": host.returncode, "alive": alive, "left_to_next_start":
 _HOST = r"""
 import json, os, signal, sys, threading, time
 from trl_gptoss.tools import PythonSandbox, SandboxLimits
-from trl_gptoss.tools.sandbox import bwrap
+from trl_gptoss.tools.sandbox import bwrap, preforked
 
 moment = sys.argv[1]
+zygote = moment.startswith("zygote")
 real = bwrap._join_then_release
 
 def die():
@@ -125,22 +126,36 @@ def joined(proc, info_read, block_write, cgroup_procs):
                 f.write(str(pid))
     die()  # in the call's cgroups, never released
 
+def zygote_launched(self, control_fd):
+    real_launch(self, control_fd)
+    die()  # the zygote's bubblewrap started, the zygote not yet ready
+
 if moment == "launched":
     bwrap._join_then_release = launched
 elif moment == "joined":
     bwrap._join_then_release = joined
-else:
+elif moment == "zygote-starting":
+    real_launch = preforked.Zygote._launch
+    preforked.Zygote._launch = zygote_launched
+elif moment == "zygote-idle":
+    idle = PythonSandbox(zygote=True)
+    assert idle.run("print(1)").ok
+    die()  # between calls: the zygote waits for the next one
+if moment in ("running", "zygote-running"):
     threading.Thread(target=lambda: (time.sleep(1.0), die()), daemon=True).start()  # mid-call
-PythonSandbox(SandboxLimits(wall_seconds=60, cpu_seconds=60)).run("import time\ntime.sleep(60)")
+PythonSandbox(SandboxLimits(wall_seconds=60, cpu_seconds=60), zygote=zygote).run("import time\ntime.sleep(60)")
 """
 
 
 @pytest.mark.skipif(sys.platform != "linux" or detect_isolation() != "namespaces", reason="needs bubblewrap")
-@pytest.mark.parametrize("moment", ["launched", "joined", "running"])
+@pytest.mark.parametrize(
+    "moment", ["launched", "joined", "running", "zygote-starting", "zygote-idle", "zygote-running"]
+)
 def test_a_host_killed_during_a_call_leaves_no_process_alive(moment):
     """Before: a host killed before its release left bubblewrap and the program running for good, outside
     every cgroup (bubblewrap goes on when its --block-fd closes), or bubblewrap's PID 1 waiting for good for its
-    outer process, which --die-with-parent had killed."""
+    outer process, which --die-with-parent had killed. The zygote's moments: while its bubblewrap starts,
+    while it waits between calls, and while it runs a call; neither the zygote nor a call may survive."""
     out = subprocess.run([sys.executable, "-c", _GUARDIAN, _HOST, moment], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])

@@ -15,11 +15,13 @@ import time
 import pytest
 
 from tests.tools.helpers import (
+    LAUNCHERS,
     TIGHT,
     descendants,
     own_call_dirs,
     own_cgroups,
     processes_of_uids,
+    sandbox_for,
     sandbox_uid_range,
 )
 from trl_gptoss.tools import PythonSandbox, SandboxLimits, detect_isolation
@@ -30,15 +32,24 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def sandbox():
-    return PythonSandbox(SandboxLimits(**TIGHT))
+@pytest.fixture(scope="module", params=LAUNCHERS)
+def zygote(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def short_clock():
+def sandbox(zygote):
+    sandbox = sandbox_for(zygote, SandboxLimits(**TIGHT))
+    yield sandbox
+    sandbox.close()
+
+
+@pytest.fixture(scope="module")
+def short_clock(zygote):
     """Cases that only end at the wall clock use 1.5 s to keep the suite fast."""
-    return PythonSandbox(SandboxLimits(**{**TIGHT, "wall_seconds": 1.5}))
+    sandbox = sandbox_for(zygote, SandboxLimits(**{**TIGHT, "wall_seconds": 1.5}))
+    yield sandbox
+    sandbox.close()
 
 
 @pytest.fixture(autouse=True)
@@ -96,8 +107,9 @@ def test_many_processes_together_over_the_memory_budget_are_oom_killed(sandbox):
         "print(sorted(os.waitstatus_to_exitcode(os.waitpid(k, 0)[1]) for k in kids))\n"
     )
     # Reclaim at the cgroup limit is slow on a loaded 2-core host: more wall clock and CPU quota for this case.
-    roomy = PythonSandbox(SandboxLimits(**{**TIGHT, "wall_seconds": 15.0, "cpu_cores": 2.0}))
+    roomy = PythonSandbox(SandboxLimits(**{**TIGHT, "wall_seconds": 15.0, "cpu_cores": 2.0}), zygote=sandbox.zygote)
     result = roomy.run(code)
+    roomy.close()
     assert result.ok, result
     statuses = ast.literal_eval(result.stdout)
     assert -9 in statuses, "no child was OOM-killed although the group went over its budget"
@@ -224,7 +236,7 @@ def test_large_file_is_capped_by_the_file_size_limit(sandbox):
     assert not result.ok  # SIGXFSZ or EFBIG at 1 MiB
 
 
-def test_call_ends_when_the_host_process_is_killed_mid_call():
+def test_call_ends_when_the_host_process_is_killed_mid_call(zygote):
     """A host (a trainer) SIGKILLed in the middle of a call cannot clean up: bubblewrap's --die-with-parent
     must end every process of the call anyway. (Its empty cgroups stay behind; this test removes them.)"""
     host = subprocess.Popen(
@@ -234,7 +246,7 @@ def test_call_ends_when_the_host_process_is_killed_mid_call():
             "from trl_gptoss.tools import PythonSandbox\n"
             "from trl_gptoss.tools.sandbox import cgroups\n"
             "print(cgroups.PROCESS_TOKEN, flush=True)\n"
-            "PythonSandbox().run('import os, time\\nos.fork()\\ntime.sleep(100)')",
+            f"PythonSandbox(zygote={zygote}).run('import os, time\\nos.fork()\\ntime.sleep(100)')",
         ],
         stdout=subprocess.PIPE,
         text=True,

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.tools.helpers import TIGHT
+from tests.tools.helpers import LAUNCHERS, TIGHT, sandbox_for
 from trl_gptoss.tools import PythonSandbox, SandboxLimits, detect_isolation
 from trl_gptoss.tools.sandbox.seccomp import build_filter
 
@@ -32,9 +32,11 @@ SYSCALL_PROBES = {
 }
 
 
-@pytest.fixture(scope="module")
-def sandbox():
-    return PythonSandbox(SandboxLimits(**TIGHT))
+@pytest.fixture(scope="module", params=LAUNCHERS)
+def sandbox(request):
+    sandbox = sandbox_for(request.param, SandboxLimits(**TIGHT))
+    yield sandbox
+    sandbox.close()
 
 
 def _probe_program(statements: dict[str, str]) -> str:
@@ -88,7 +90,7 @@ def test_cpu_of_the_whole_call_is_capped(sandbox):
     (``RLIMIT_CPU`` alone is per process and would allow up to all cores for the whole wall time)."""
     if not sandbox.cpu_quota:
         pytest.skip("the host gives us no cpu cgroup; see docs/tools_and_rewards.md")
-    capped = PythonSandbox(SandboxLimits(**{**TIGHT, "cpu_cores": 0.1}))
+    capped = PythonSandbox(SandboxLimits(**{**TIGHT, "cpu_cores": 0.1}), zygote=sandbox.zygote)
     code = (
         "import os, time\n"
         "r, w = os.pipe()\n"
@@ -105,6 +107,7 @@ def test_cpu_of_the_whole_call_is_capped(sandbox):
         "print(sum(float(x) for x in os.read(r, 4096).split()))\n"
     )
     result = capped.run(code)
+    capped.close()
     assert result.ok, result.stderr
     assert float(result.stdout) < 0.1 * 1.5 * 1.5 + 0.1, f"the call used {result.stdout.strip()} s of CPU"
 

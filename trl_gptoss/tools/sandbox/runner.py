@@ -21,10 +21,12 @@ import tempfile
 import threading
 import time
 import uuid
+import warnings
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 from trl_gptoss.tools.result import ToolResult, clean_output
-from trl_gptoss.tools.sandbox import bwrap, cgroups, process, scratch, userns
+from trl_gptoss.tools.sandbox import bwrap, cgroups, preforked, process, scratch, userns
 from trl_gptoss.tools.sandbox.limits import SandboxLimits
 from trl_gptoss.tools.sandbox.seccomp import build_filter
 from trl_gptoss.tools.sandbox.view import DEFAULT_PACKAGES, WORKDIR, host_view
@@ -65,6 +67,12 @@ class PythonSandbox:
         packages: top-level packages the code may import besides the standard library (namespace isolation;
             missing ones are listed in ``missing_packages``).
         seccomp: install the seccomp filter (namespace isolation).
+        zygote: run calls through a pre-forked interpreter (``preforked.py``, ``zygote.py``): one long-lived
+            bubblewrap per sandbox whose zygote forks each call into its own PID, mount, IPC and network
+            namespaces, tmpfs, cgroups, rlimits, uid and seccomp filter. ``None`` (default): where the host
+            supports it (``zygote_problem``), falling back to a bubblewrap per call if it cannot start;
+            ``True``: required (``ValueError`` where unsupported); ``False``: a bubblewrap per call.
+        preload: packages the zygote imports once, so calls find them imported (those of ``packages`` only).
     """
 
     def __init__(
@@ -75,6 +83,8 @@ class PythonSandbox:
         max_concurrency: int = 8,
         packages: tuple[str, ...] = DEFAULT_PACKAGES,
         seccomp: bool = True,
+        zygote: bool | None = None,
+        preload: tuple[str, ...] = ("numpy",),
     ):
         self.limits = limits if limits is not None else SandboxLimits()
         if not isinstance(self.limits, SandboxLimits):
@@ -107,10 +117,32 @@ class PythonSandbox:
             self.disk_files_capped = False
             if self._is_root:
                 process.check_reachable_by_others(self.python)
+        self._zygote = self._make_zygote(zygote, tuple(preload))
+        self.zygote = self._zygote is not None
         self.cgroups = cgroups.cgroup_layout()  # "v1", "v2" or None: whole-call memory/process caps
         self.cpu_quota = self.cgroups is not None and cgroups.has_cpu_quota()
         if self.cgroups is not None:
             cgroups.reap(foreign=True)  # groups a killed host left behind
+
+    def _make_zygote(self, wanted: bool | None, preload: tuple[str, ...]) -> preforked.Zygote | None:
+        self._zygote_required = wanted is True
+        if wanted is False:
+            return None
+        problem = "it needs isolation='namespaces'" if self.isolation != "namespaces" else None
+        problem = problem or preforked.zygote_problem(self._view)
+        if problem is not None:
+            if wanted:
+                raise ValueError(f"zygote=True cannot be used here: {problem}; use zygote=False or None.")
+            return None
+        self.disk_files_capped = True  # each call mounts its own tmpfs, inode cap included
+        zygote = preforked.Zygote(self._view, self.limits, _BASE_ENV, self._seccomp, preload)
+        weakref.finalize(self, zygote.close)  # also at interpreter exit
+        return zygote
+
+    def close(self) -> None:
+        """End the zygote, if one runs (calls keep working: a later call starts a new one)."""
+        if self._zygote is not None:
+            self._zygote.close()
 
     def run(self, code: str) -> ToolResult:
         """Run ``code`` as ``main.py`` in a fresh sandbox and return what it printed and how it ended."""
@@ -187,7 +219,7 @@ class PythonSandbox:
     @contextlib.contextmanager
     def _scratch(self):
         """The call's inode-capped tmpfs, mounted by this process (``None``: bubblewrap's ``--tmpfs``)."""
-        if self.isolation != "namespaces" or not self.disk_files_capped:
+        if self.isolation != "namespaces" or not self.disk_files_capped or self._zygote is not None:
             yield None
             return
         mounts = scratch.Scratch(bwrap.SCRATCH_TARGETS, self.limits.disk_bytes, self.limits.disk_files)
@@ -196,7 +228,17 @@ class PythonSandbox:
         finally:
             mounts.remove()
 
-    def _launch(self, source, uid, procs, marker, call_dir, mounts) -> subprocess.Popen:
+    def _launch(self, source, uid, procs, marker, call_dir, mounts) -> subprocess.Popen | preforked.ZygoteCall:
+        if self._zygote is not None:
+            try:
+                return self._zygote.spawn(source, uid, procs)
+            except preforked.ZygoteError as exc:
+                if self._zygote_required:
+                    raise
+                warnings.warn(f"{exc}; this sandbox runs each call under its own bubblewrap from now on", stacklevel=4)
+                self._zygote.close()
+                self._zygote, self.zygote = None, False
+                self.disk_files_capped = scratch.host_can_mount()
         if self.isolation == "namespaces":
             binds = mounts.binds if mounts is not None else None
             proc = bwrap.launch(source, self._view, self.limits, _BASE_ENV, uid, procs, self._seccomp, binds)
@@ -258,9 +300,13 @@ def _collect(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytes, 
     return out, err, truncated, timed_out
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen | preforked.ZygoteCall) -> None:
     """SIGKILL the call's process group. Under bubblewrap that is its host-side process; its PID 1 then gets
-    ``PDEATHSIG`` (``--die-with-parent``) and the kernel kills the whole PID namespace."""
+    ``PDEATHSIG`` (``--die-with-parent``) and the kernel kills the whole PID namespace. A zygote's call: the
+    zygote kills its PID 1 and reports once the whole PID namespace is gone."""
+    if isinstance(proc, preforked.ZygoteCall):
+        proc.kill()
+        return
     with contextlib.suppress(ProcessLookupError, PermissionError):  # already gone
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()

@@ -47,20 +47,29 @@ class UserNamespaceError(RuntimeError):
 
 
 class UserNamespaces:
-    """Root only: one user namespace per host uid (``0 -> 0``, ``SANDBOX_UID -> uid``), kept open as an fd."""
+    """Root only: user namespaces mapping ``0 -> 0`` and sandbox uids to host uids, each kept open as an fd:
+    one per host uid (``SANDBOX_UID -> uid``, a bubblewrap per call) and one per range of this process's
+    slots (``SANDBOX_UID + k -> first + k``, the zygote's, whose calls run as ``SANDBOX_UID + slot``)."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._fds: dict[int, int] = {}
+        self._fds: dict[tuple[int, int], int] = {}
 
-    def fd_for(self, host_uid: int) -> int:
+    def fd_for(self, host_uid: int, count: int = 1) -> int:
+        """The namespace mapping ``SANDBOX_UID .. SANDBOX_UID + count - 1`` to ``host_uid ..``."""
         with self._lock:
-            if host_uid not in self._fds:
-                self._fds[host_uid] = _map_new_namespace(host_uid)
-            return self._fds[host_uid]
+            if (host_uid, count) not in self._fds:
+                self._fds[host_uid, count] = _map_new_namespace(host_uid, count)
+            return self._fds[host_uid, count]
 
 
-def _map_new_namespace(host_uid: int) -> int:
+def process_uid_base(pid: int | None = None) -> int:
+    """The first host uid of process ``pid``'s slots (default: this process); slot ``k`` is this + ``k``."""
+    pid = os.getpid() if pid is None else pid
+    return UID_BASE + (pid % (1 << 20)) * SLOTS_PER_PROCESS
+
+
+def _map_new_namespace(host_uid: int, count: int = 1) -> int:
     helper = subprocess.Popen(
         [sys.executable, "-I", "-S", "-c", _HELPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={}
     )
@@ -68,7 +77,7 @@ def _map_new_namespace(host_uid: int) -> int:
         status = os.read(helper.stdout.fileno(), 256)
         if status != b"+":
             raise UserNamespaceError(f"unshare(CLONE_NEWUSER): {status.decode(errors='replace')}")
-        mapping = f"0 0 1\n{SANDBOX_UID} {host_uid} 1\n"
+        mapping = f"0 0 1\n{SANDBOX_UID} {host_uid} {count}\n"
         for kind in ("uid_map", "gid_map"):
             with open(f"/proc/{helper.pid}/{kind}", "w") as f:
                 f.write(mapping)
@@ -141,7 +150,7 @@ class UidSlots:
     @contextmanager
     def lease(self) -> Iterator[UidLease]:
         slot = self._take()
-        lease = UidLease(UID_BASE + (os.getpid() % (1 << 20)) * SLOTS_PER_PROCESS + slot)
+        lease = UidLease(process_uid_base() + slot)
         try:
             yield lease
         finally:
