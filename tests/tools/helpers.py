@@ -74,8 +74,9 @@ def own_cgroups(token: str | None = None) -> list[str]:
 
 
 def is_zygote(pid: int) -> bool:
-    """A sandbox's zygote or one of its two bubblewrap processes (which live on between calls), not a call:
-    a call's processes are forks of the zygote too, but one PID namespace deeper."""
+    """A process of a sandbox's zygote that runs no model code: the zygote, its two bubblewrap processes, the
+    spare call it keeps ready (PID 1 and the waiting program) and a call's PID 1 (the trusted reaper). All
+    run its code as uid 0; a call's program drops to an unprivileged uid before any model code runs."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             if b"/.sandbox/zygote.py" not in f.read():
@@ -84,13 +85,13 @@ def is_zygote(pid: int) -> bool:
             status = dict(line.split(":", 1) for line in f if ":" in line)
     except OSError:
         return False
-    return len(status["NSpid"].split()) <= 2
+    return status["Uid"].split()[0] == "0"
 
 
 def descendants(pid: int, ignore=()) -> list[int]:
     """All live descendants of ``pid`` found through /proc (ppid links), except the subtrees rooted at
     ``ignore`` (processes that were there before the call, e.g. a session-wide vLLM server fixture) and
-    sandbox zygotes (``is_zygote``; their calls are still listed)."""
+    sandbox zygotes' own processes (``is_zygote``; the calls' programs and what they start are listed)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():

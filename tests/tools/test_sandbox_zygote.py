@@ -44,14 +44,34 @@ def _nothing_left_behind():
     assert descendants(os.getpid(), ignore=before) == [], "a call's process outlived it"
 
 
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(child) for child in f.read().split()]
+
+
 def _zygote_pid(sandbox) -> int:
     """Host pid of the zygote's Python process (the outer bubblewrap's grandchild)."""
     pid = sandbox._zygote.pid
     for _ in range(2):
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            pid = int(f.read().split()[0])
+        pid = _children(pid)[0]
     assert is_zygote(pid)
     return pid
+
+
+def test_between_calls_the_zygote_holds_one_spare_call_and_nothing_else(sandbox):
+    """The zygote's children are calls' PID 1s; once every call has ended only the spare is left: its PID 1
+    and its program, waiting as uid 0 (no request, no code) in a PID namespace of their own."""
+    sandbox.run_many(["import os\nif os.fork() == 0:\n    os.setsid()\nprint(1)"] * 6)
+    zygote = _zygote_pid(sandbox)
+    deadline = time.monotonic() + 2.0
+    while len(_children(zygote)) != 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    (pid1,) = _children(zygote)
+    (program,) = _children(pid1)
+    assert _children(program) == [] and is_zygote(pid1) and is_zygote(program)
+    with open(f"/proc/{program}/status") as f:
+        status = dict(line.split(":", 1) for line in f if ":" in line)
+    assert status["NSpid"].split()[-1] == "2" and status["Uid"].split()[0] == "0"
 
 
 IDENTITY = (

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import select
 import signal
 import socket
@@ -78,6 +79,43 @@ def _closing(fds: list[int]):
     finally:
         for fd in fds:
             os.close(fd)
+
+
+class _LauncherThread:
+    """Runs the zygotes' ``Popen`` in one long-lived daemon thread. ``--die-with-parent`` is
+    ``PR_SET_PDEATHSIG``, which fires when the *thread* that forked bubblewrap ends: a zygote started from a
+    short-lived worker thread (``run_many``'s pool) would be killed when that thread ends."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._owner = None
+
+    def call(self, function, *args):
+        with self._lock:
+            if self._thread is None or self._owner != os.getpid() or not self._thread.is_alive():
+                self._jobs, self._owner = queue.SimpleQueue(), os.getpid()
+                self._thread = threading.Thread(target=self._serve, args=(self._jobs,), daemon=True)
+                self._thread.start()
+        answer: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs.put((function, args, answer))
+        ok, value = answer.get()
+        if not ok:
+            raise value
+        return value
+
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue) -> None:
+        while True:
+            function, args, answer = jobs.get()
+            try:
+                answer.put((True, function(*args)))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                answer.put((False, exc))
+
+
+_LAUNCHER = _LauncherThread()
 
 
 class Zygote:
@@ -141,7 +179,7 @@ class Zygote:
     def _start(self) -> None:
         host_end, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            proc = self._launch(zygote_end.detach())
+            proc = _LAUNCHER.call(self._launch, zygote_end.detach())
         except BaseException:
             host_end.close()
             raise

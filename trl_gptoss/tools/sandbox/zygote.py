@@ -2,29 +2,37 @@
 
 Executed as ``python -I -u /.sandbox/zygote.py <CallConfig argv> -- KEY=VALUE ...`` next to a copy of
 ``init.py`` (whose steps it reuses), never imported by the host. Standard library only; it imports the
-``preload`` packages (numpy) once, so a call that imports them finds them in ``sys.modules``. It never runs
-model-written code itself: every call is a fresh fork, so nothing a call does reaches the next one.
+``preload`` packages (numpy) once and freezes its objects out of the garbage collector, so a call that
+imports them finds them in ``sys.modules`` and a call's collections never touch (and copy) the zygote's
+pages. It never runs model-written code itself, and never reads a call's code (a memfd only the call's
+program reads): every call is a fresh fork, so nothing a call does reaches the next one.
 
 The zygote runs as root of the sandbox's user namespace with ``CAP_SYS_ADMIN``, ``CAP_NET_ADMIN``,
-``CAP_SETUID`` and ``CAP_SETGID`` there (none on the host), without the seccomp filter. It reads requests
-from the host's control socket (``SOCK_SEQPACKET``): ``{"uid": N}`` and, by ``SCM_RIGHTS``, the call's
-socket, its stdout and stderr pipes, a memfd with the code and the opened ``cgroup.procs`` of its cgroups.
-Per call:
+``CAP_SETUID`` and ``CAP_SETGID`` there (none on the host), without the seccomp filter. Between requests it
+keeps one call prepared (a *spare*):
 
-1. the zygote forks the call's PID 1 into a new PID namespace (``unshare(CLONE_NEWPID)``, ``fork``, then
-   ``setns`` back to its own, so the next call can do the same);
-2. PID 1 enters new mount, IPC and network namespaces, mounts a fresh ``/proc`` (``/proc/sys`` & co. read-only,
-   as bubblewrap does), a new ``devpts`` instance and size- and inode-capped tmpfs on the scratch targets, brings
-   its loopback up, joins the call's cgroups (writing ``0`` to each ``cgroup.procs``), writes ``main.py`` and
-   forks the program (PID 2), then reaps until the program exits and exits with its status (128 + N for a
-   signal N, as bubblewrap's PID 1 does); its exit kills every other process of the namespace;
-3. the program sets the rlimits, drops to the call's uid, closes every descriptor above stderr, installs the
-   seccomp filter (``no_new_privs`` is set) and runs ``main.py`` as ``__main__`` (``init.run_main``).
+1. its PID 1 is forked into a new PID namespace (``unshare(CLONE_NEWPID)``, ``fork``, then ``setns`` back, so
+   the next one can do the same); it enters new mount, IPC and network namespaces, mounts a fresh ``/proc``
+   (``/proc/sys`` & co. read-only, as bubblewrap does), a new ``devpts`` instance and size- and inode-capped
+   tmpfs on the scratch targets, brings its loopback up and forks the program (PID 2), which waits for its
+   request.
+
+The host's request (control socket, ``SOCK_SEQPACKET``) is ``{"uid": N}`` with, by ``SCM_RIGHTS``, the call's
+socket, its stdout and stderr pipes, a memfd with the code and the opened ``cgroup.procs`` of its cgroups. The
+zygote hands the call's socket to the spare's PID 1 and the rest to its program, then prepares the next spare
+when idle. Then:
+
+2. the program joins the call's cgroups (writing ``0`` to each ``cgroup.procs``), writes ``main.py``, sets the
+   rlimits, drops to the call's uid, closes every descriptor above stderr, installs the seccomp filter
+   (``no_new_privs`` is set) and runs ``main.py`` as ``__main__`` (``init.run_main``);
+3. PID 1 reaps until the program exits; if nothing else of the call is left (its ``/proc`` lists only PID 1)
+   it sends ``x<exit code>`` (128 + N for a signal N, as bubblewrap's PID 1) on the call's socket at once,
+   and exits; its exit kills whatever else is left.
 
 The zygote watches each call's PID 1 through a pidfd and the call's socket: on ``k`` or end-of-file from the
 host it SIGKILLs that PID 1 (its own unreaped child, so never a reused pid); once it has reaped it (the whole
-PID namespace is gone by then) it sends ``x<exit code>`` and closes the socket. End-of-file on the control
-socket ends the zygote, and with it (bubblewrap's PID 1 exits) every call still running.
+PID namespace is gone by then) it sends ``x<exit code>`` too (the host keeps the first). End-of-file on the
+control socket ends the zygote, and with it (bubblewrap's PID 1 exits) every call still running.
 """
 
 import contextlib
@@ -33,6 +41,7 @@ import gc
 import importlib.util
 import json
 import os
+import select
 import selectors
 import signal
 import socket
@@ -97,12 +106,18 @@ class Zygote:
         self.selector = selectors.DefaultSelector()
         self.calls = {}  # pid of a running call's PID 1 -> [its socket (None once the host closed it), pidfd]
         self.sockets = {}  # call socket -> pid of its PID 1, until the host closes it
+        self.spare = None  # the next call, ready but for its request
+        self.spare_failed = False
 
     def serve(self):
         self.selector.register(self.control, selectors.EVENT_READ, ("control", None))
         self.control.send(b"ready")
         while True:
-            for key, _ in self.selector.select():
+            events = self.selector.select(timeout=0 if self.spare is None and not self.spare_failed else None)
+            if not events:  # nothing to do: get the next call's namespaces ready
+                self.spare = self.prepare()
+                continue
+            for key, _ in events:
                 kind, pid = key.data
                 if kind == "control":
                     self.accept()
@@ -117,32 +132,71 @@ class Zygote:
             os._exit(0)
         call = socket.socket(fileno=fds[0])
         try:
-            pid = self.fork_call(json.loads(message), fds)
+            spare = self.dispatch(message, call, fds[1:])
         except Exception as exc:  # noqa: BLE001 - tell the call, keep serving the others
             os.write(fds[2], f"sandbox zygote: could not start the program: {exc!r}\n".encode())
             with contextlib.suppress(OSError):
                 call.send(b"x125")
             pid = None  # nothing runs; the socket stays open until the host closes it
         else:
-            pidfd = os.pidfd_open(pid)
-            self.calls[pid] = [call, pidfd]
-            self.selector.register(pidfd, selectors.EVENT_READ, ("exited", pid))
+            pid = spare.pid
+            self.calls[pid] = [call, spare.pidfd]
+            self.selector.register(spare.pidfd, selectors.EVENT_READ, ("exited", pid))
         finally:
-            for fd in fds[1:]:  # the call's PID 1 has its copies
+            for fd in fds[1:]:  # the program has its copies
                 os.close(fd)
         self.sockets[call] = pid
         self.selector.register(call, selectors.EVENT_READ, ("host", pid))
 
-    def fork_call(self, request, fds):
-        check(libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")  # for the next child only
+    def dispatch(self, message, call, fds):
+        """Hand the request to the spare call (a fresh one if there is none or it died): ``fds`` to its program,
+        the call's socket to its PID 1. Returns that spare."""
+        self.spare_failed = False
+        for attempt in range(2):
+            spare, self.spare = self.spare, None
+            if spare is None or select.select([spare.pidfd], [], [], 0)[0]:
+                if spare is not None:
+                    spare.discard()
+                spare = self.prepare()
+                if spare is None:
+                    raise OSError("could not prepare the call's namespaces (see the zygote's stderr)")
+            try:
+                socket.send_fds(spare.program, [message], fds)
+                socket.send_fds(spare.pid1, [b"c"], [call.fileno()])
+            except OSError:
+                spare.discard()
+                if attempt:
+                    raise
+                continue
+            spare.pid1.close()  # each reads its message before it sees end-of-file
+            spare.program.close()
+            return spare
+        raise AssertionError("unreachable")
+
+    def prepare(self):
+        """A spare call: its PID 1 forked into a new PID namespace (``unshare(CLONE_NEWPID)``, ``fork``, ``setns``
+        back, so the next one can do the same) sets up the other namespaces and forks the program, which waits
+        for its request. ``None`` (and no retry until the next request) when that fails."""
+        pid1_ours, pid1_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        program_ours, program_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            pid = os.fork()
-        finally:
-            if os.getpid() == self.pid:  # the zygote; the child stays in the new namespace, as its PID 1
-                self.restore_pid_namespace()
+            check(libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")  # for the next child only
+            try:
+                pid = os.fork()
+            finally:
+                if os.getpid() == self.pid:  # the zygote; the child stays in the new namespace, as its PID 1
+                    self.restore_pid_namespace()
+        except OSError as exc:
+            os.write(2, f"sandbox zygote: could not prepare a call: {exc!r}\n".encode())
+            for end in (pid1_ours, pid1_theirs, program_ours, program_theirs):
+                end.close()
+            self.spare_failed = True
+            return None
         if pid == 0:
-            self.call_main(request, fds)  # never returns
-        return pid
+            self.call_main(pid1_theirs, program_theirs)  # never returns
+        pid1_theirs.close()
+        program_theirs.close()
+        return Spare(pid, os.pidfd_open(pid), pid1_ours, program_ours)
 
     def restore_pid_namespace(self):
         """Children go to the zygote's own PID namespace again, so the next ``unshare`` can make a new one."""
@@ -154,6 +208,8 @@ class Zygote:
         """``k`` or end-of-file from the host: SIGKILL the call's PID 1 while it is our unreaped child. The
         socket is closed only at the host's end-of-file (closing it with an unread ``k`` would reset it, and
         the host would lose the exit status)."""
+        if call not in self.sockets:  # closed by ``reap`` while handling the same batch of events
+            return
         pid = self.sockets[call]
         try:
             message = call.recv(16)
@@ -170,7 +226,8 @@ class Zygote:
                 call.close()
 
     def reap(self, pid):
-        """The call's PID 1 ended, so did every process of its namespace: report its exit code to the host."""
+        """The call's PID 1 ended, so did every process of its namespace: report its exit code (again, if PID 1
+        did already: the host reads the first)."""
         call, pidfd = self.calls.pop(pid)
         self.selector.unregister(pidfd)
         os.close(pidfd)
@@ -184,38 +241,43 @@ class Zygote:
             del self.sockets[call]
             call.close()
 
-    def call_main(self, request, fds):
-        """The call's PID 1 (this fork); it never returns."""
-        _, out, err, code, *cgroup_procs = fds
+    def call_main(self, zygote, for_program):
+        """The call's PID 1 (this fork): namespaces and mounts, the program's fork, then (once the zygote sent
+        the call's socket and the program its request) reaping; never returns. When the program has ended as the
+        namespace's last process (``/proc`` lists nobody else), it sends the exit code to the host itself
+        before it exits: the call is over without waiting for the namespaces' tear-down. Otherwise its exit
+        kills the rest, and the zygote reports once it has reaped it."""
         try:
-            os.dup2(out, 1)
-            os.dup2(err, 2)
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            for fd in cgroup_procs:  # first: every later allocation and process is the call's
-                os.write(fd, b"0")
-            self.enter_namespaces()
-            write_program(code, self.options["workdir"])
-            keep = {0, 1, 2}
-            for fd in os.listdir("/proc/self/fd"):
+            keep = {0, 1, 2, zygote.fileno(), for_program.fileno()}
+            for fd in os.listdir("/proc/self/fd"):  # the zygote's: control socket, other calls' sockets, ...
                 if int(fd) not in keep:
-                    try:  # noqa: SIM105 - the listing's own descriptor is already closed
+                    with contextlib.suppress(OSError):  # the listing's own descriptor is already closed
                         os.close(int(fd))
-                    except OSError:
-                        pass
+            self.enter_namespaces()
             program = os.fork()
         except BaseException as exc:  # noqa: BLE001 - report any set-up failure, never run the code
-            os.write(2, f"sandbox zygote: could not start the program: {exc!r}\n".encode())
+            os.write(2, f"sandbox zygote: could not prepare a call: {exc!r}\n".encode())
             os._exit(125)
         if program == 0:
-            self.program_main(request["uid"])
+            zygote.close()
+            self.program_main(for_program)
+        for_program.close()
         devnull = os.open("/dev/null", os.O_RDWR)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
         os.close(devnull)
+        _, fds, _, _ = socket.recv_fds(zygote, 16, 1)  # the call's socket; nothing if the zygote went away
+        zygote.close()
+        call = socket.socket(fileno=fds[0]) if fds else None
         while True:  # PID 1: reap orphans until the program ends, then end the namespace with its status
             pid, status = os.wait()
             if pid == program:
-                os._exit(status >> 8 if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+                code = status >> 8 if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+                if call is not None and not any(p.isdigit() and p != "1" for p in os.listdir("/proc")):
+                    with contextlib.suppress(OSError):
+                        call.send(b"x%d" % code)
+                os._exit(code)
 
     def enter_namespaces(self):
         check(libc.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET), "unshare")
@@ -235,12 +297,23 @@ class Zygote:
 
             fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", IFF_UP_LOOPBACK_RUNNING))
 
-    def program_main(self, uid):
-        """The program (PID 2): limits, uid, descriptors, seccomp, then ``main.py``; it never returns."""
+    def program_main(self, zygote):
+        """The program (PID 2): waits for its request, then joins the call's cgroups,
+        writes ``main.py``, sets the limits, drops to the call's uid, closes every other descriptor, installs
+        seccomp and runs ``main.py``; it never returns."""
+        message, fds, _, _ = socket.recv_fds(zygote, 4096, MAX_FDS)
+        if not message:  # the zygote went away before it needed this spare
+            os._exit(0)
+        zygote.close()
+        out, err, code, *cgroup_procs = fds
         try:
-            cfg = self.cfg
-            init.set_limits(cfg)
-            init.drop_privileges(uid)
+            os.dup2(out, 1)
+            os.dup2(err, 2)
+            for fd in cgroup_procs:  # first: every later allocation and process is the call's
+                os.write(fd, b"0")
+            write_program(code, self.options["workdir"])
+            init.set_limits(self.cfg)
+            init.drop_privileges(json.loads(message)["uid"])
             init.close_inherited_fds()
             check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
             if self.filter is not None:
@@ -260,11 +333,27 @@ class Zygote:
         flush_and_exit(0)
 
 
-def flush_and_exit(code):
-    """End like an interpreter that ran ``main.py``: flush, run ``atexit`` and thread joins, then exit."""
-    import threading
+class Spare:
+    """A prepared call: its PID 1 (``pid``, ``pidfd``) and the sockets on which PID 1 waits for the call's
+    socket (``pid1``) and the program for its request (``program``)."""
 
-    threading._shutdown()
+    def __init__(self, pid, pidfd, pid1_socket, program_socket):
+        self.pid, self.pidfd, self.pid1, self.program = pid, pidfd, pid1_socket, program_socket
+
+    def discard(self):
+        os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+        os.close(self.pidfd)
+        self.pid1.close()
+        self.program.close()
+
+
+def flush_and_exit(code):
+    """End like an interpreter that ran ``main.py`` (``Py_FinalizeEx``): join non-daemon threads (only if
+    ``threading`` was imported), run ``atexit``, flush, then exit without tearing the zygote's objects down."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        threading._shutdown()
     import atexit
 
     atexit._run_exitfuncs()
