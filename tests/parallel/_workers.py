@@ -20,11 +20,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import trl_gptoss.parallel.attention as sp_attention
+from trl_gptoss.experts.routing import record_routing
 from trl_gptoss.parallel import ContextParallelPlugin, pack_rows, prepare_context_parallel
 from trl_gptoss.parallel.batching import pad_to_multiple, shard
 from trl_gptoss.parallel.head import HeadConfig
 from trl_gptoss.testing import tiny_gpt_oss
 from trl_gptoss.testing.distributed import set_rank_environment
+from trl_gptoss.testing.routing import flip_near_ties
+from trl_gptoss.trainer.replay import replay
 
 MODEL_SEED = 3
 PROMPT_SLOTS, COMPLETION_SLOTS, ROWS = 12, 36, 3
@@ -223,6 +226,26 @@ def _valid_diff(got, want, attention_mask):
     return _max_diff(got[attention_mask.bool()], want[attention_mask.bool()])
 
 
+def engine_routes(dtype, ids, attention_mask) -> torch.Tensor:
+    """``[B, L, layers, top_k]`` int16: the experts the reference (each document alone, unperturbed routers)
+    chooses at every valid token, -1 on padding: what a rollout engine would report."""
+    model = build_model(dtype)
+    config = model.config
+    routes = torch.full((*ids.shape, config.num_hidden_layers, config.num_experts_per_tok), -1, dtype=torch.int16)
+    with torch.no_grad():
+        for row in range(ids.shape[0]):
+            cols = attention_mask[row].nonzero()[:, 0]
+            if len(cols):
+                with record_routing(model) as record:
+                    model(input_ids=ids[row, cols][None])
+                routes[row, cols] = torch.stack([t.to(torch.int16) for t in record.indices], dim=1)
+    return routes
+
+
+def _replay_rollout_routes(model, shard_routes):
+    return replay(model, shard_routes, allow_missing=True)
+
+
 def run_scenario(rank, world, scenario):
     dtype = getattr(torch, scenario["dtype"])
     sp_size = scenario["sp"]
@@ -231,20 +254,27 @@ def run_scenario(rank, world, scenario):
     batches = [make(seed=k) for k in range(world)]
     ref_losses, ref_logits, ref_grads, ref_logps, ref_entropies = reference_step(dtype, batches, world, head, coef)
     model = build_model(dtype)
+    ids, attention_mask, completion_mask, advantages = batches[rank]
+    routed = {}
+    if scenario.get("routes"):  # routers flipped on near-ties, the reference's routes replayed over them
+        flips = flip_near_ties(model)
+        routed = dict(routes=engine_routes(dtype, ids, attention_mask), route_replay=_replay_rollout_routes)
     wrapped, accelerator = wrap(model, scenario["wrap"], rank, world)
     plugin = ContextParallelPlugin(sp_size=sp_size, inner_attention=scenario["inner"])
     runner = prepare_context_parallel(accelerator, wrapped, plugin, head)
-    ids, attention_mask, completion_mask, advantages = batches[rank]
     with first_sinks_on_every_rank(scenario.get("wrong_sinks", False)):
         with LargestVocabRows(model.config.vocab_size) as largest:
-            result = runner.forward_backward(ids, attention_mask, grpo_loss_fn(completion_mask, advantages, coef))
+            loss_fn = grpo_loss_fn(completion_mask, advantages, coef)
+            result = runner.forward_backward(ids, attention_mask, loss_fn, **routed)
         grad_diffs = compare_grads(full_grads(wrapped), ref_grads)
+        # no-grad scoring of this rank's batch, by the trained model and by a separate frozen copy
+        frozen_copy = build_model(dtype)
+        scored = [runner.score(ids, attention_mask, **routed), runner.score(ids, attention_mask, model=frozen_copy)]
+        if routed:
+            flips.remove()  # the logits below are the plain forward's
         leader = rank - runner.sp.rank
         with LargestVocabRows(model.config.vocab_size) as control:  # the tracker sees real logits
             logits, start, valid = sharded_logits(runner, batches[leader], sp_size)
-        # no-grad scoring of this rank's batch, by the trained model and by a separate frozen copy
-        frozen_copy = build_model(dtype)
-        scored = [runner.score(ids, attention_mask), runner.score(ids, attention_mask, model=frozen_copy)]
     keep = max(0, min(logits.shape[0], valid - start))
     report = {
         "loss": _max_diff(result.loss, ref_losses[rank]),
@@ -257,6 +287,7 @@ def run_scenario(rank, world, scenario):
         "vocab_rows": largest.rows,
         "vocab_rows_logits": control.rows,
         "logits_rows": logits.shape[0],
+        "flipped_tokens": flips.count if routed else None,
     }
     dist.barrier()
     return report

@@ -47,6 +47,8 @@ WORLD2.append(_scenario(2, "accelerate", "fa3_sink"))  # accelerate's prepare/no
 WORLD2 += [_scenario(2, "ddp", "eager", "float64", **TEMPERED), _scenario(2, "fsdp2", "fa3_sink", **TEMPERED)]
 WORLD2.append(_scenario(2, "fsdp2", "eager", "float64", batch="hostile", **TEMPERED))
 WORLD2.append(_scenario(2, "fsdp2-head", "fa3_sink", "float64", **TEMPERED))
+# R3 under SP: near-tie flips on the sharded model, the reference's routes packed, sharded and replayed over them
+WORLD2 += [_scenario(2, wrap, inner, "float64", routes=True) for wrap, inner in (("fsdp2", "fa3_sink"), ("ddp", "eager"))]
 WORLD4 = [_scenario(4, wrap, inner) for wrap in ("ddp", "fsdp2") for inner in ("eager", "fa3_sink")]
 WORLD4.append(_scenario(2, "fsdp2", "fa3_sink"))  # two SP groups of 2 inside a data-parallel world of 4
 WORLD4.append(_scenario(4, "ddp", "fa3_sink", **TEMPERED))
@@ -62,6 +64,8 @@ def test_sharded_step_matches_unsharded(tmp_path, world, scenarios):
     for per_rank in results:  # no [rows, V] tensor beyond one tile in the loss pass, forward and backward
         for scenario in scenarios:
             report = per_rank[scenario["id"]]
+            if scenario.get("routes"):  # the replay had flipped routes to replace
+                assert report["flipped_tokens"] > 0, scenario["id"]
             assert report["vocab_rows_logits"] >= report["logits_rows"], "the tracker missed the logits"
             if "chunk" in scenario:
                 assert report["vocab_rows"] <= scenario["chunk"], scenario["id"]

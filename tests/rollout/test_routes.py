@@ -10,14 +10,7 @@ from transformers import GptOssForCausalLM
 
 from trl_gptoss.experts.routing import record_routing
 from trl_gptoss.rollout import GenerationRequest, VLLMServerEngine
-from trl_gptoss.rollout.routes import (
-    MISSING,
-    RouteShape,
-    TrajectoryRoutes,
-    fill_shared_prefixes,
-    missing_fraction,
-    parse_routes,
-)
+from trl_gptoss.rollout.routes import MISSING, RouteShape, TrajectoryRoutes, missing_fraction, parse_routes
 from trl_gptoss.rollout.vllm_worker.gptoss_vllm_routes import RouteStore, dense_routes
 
 SHAPE = RouteShape(layers=2, top_k=2, num_experts=4)
@@ -73,52 +66,96 @@ def test_turns_merge_with_the_first_computation_winning():
     assert TrajectoryRoutes().finish(5) is None
 
 
-def test_prefix_fill_copies_only_from_identical_prefixes():
-    shared = [7, 8, 9, 10]
-    a, b, c = shared + [1, 2], shared + [3], [7, 8, 0, 10, 1]
-    table_a = torch.from_numpy(_table(6, seed=3)).to(torch.int16)
-    table_b = torch.full((5, 2, 2), MISSING, dtype=torch.int16)
-    table_b[4] = 1
-    table_c = torch.full((5, 2, 2), MISSING, dtype=torch.int16)
-    fill_shared_prefixes([a, b, c], [table_a, table_b, table_c])
-    assert torch.equal(table_b[:4], table_a[:4]) and (table_b[4] == 1).all()
-    assert torch.equal(table_c[:2], table_a[:2])  # [7, 8] is shared
-    assert (table_c[2:] == MISSING).all()  # diverged at position 2, even where later tokens agree
-    # positions that count: all but each trajectory's last; missing: c's 2 of 4, all 2 of the unrouted one
-    assert missing_fraction([table_a, table_b, table_c, None], [6, 5, 5, 3]) == pytest.approx(4 / 15)
+def test_missing_fraction_counts_every_position_but_the_last():
+    routed = torch.from_numpy(_table(6, seed=3)).to(torch.int16)
+    partly = routed[:5].clone()
+    partly[1:3] = MISSING
+    # positions that count: all but each trajectory's last; missing: 2 of 4, and all 2 of the unrouted one
+    assert missing_fraction([routed, partly, None], [6, 5, 3]) == pytest.approx(4 / 11)
+
+
+def _rows(n, seed):
+    return _table(n, seed=seed).astype(np.int16)
+
+
+def test_worker_store_fills_prefix_cache_hits_from_blocks_another_request_computed():
+    store = RouteStore(layers=2, top_k=2, block=4)
+    tokens = np.arange(100, 113)  # 13 tokens: 3 complete blocks of 4
+    first = _rows(13, seed=1)
+    store.add("cmpl-a-0-x", np.arange(13), tokens, first, prefix=None)
+    # another request (another client process) whose first 8 positions the engine served from its cache
+    hit = _rows(5, seed=2)
+    store.add("cmpl-b-0-x", np.arange(8, 13), tokens[8:], hit, prefix=lambda: tokens[:8])
+    table_b, note = parse_routes(dense_routes(store.take("cmpl-b-")[0]), SHAPE, positions=13)
+    assert note is None and torch.equal(table_b[:8], torch.from_numpy(first[:8]))
+    assert torch.equal(table_b[8:], torch.from_numpy(hit))
+    # a request whose cached prefix differs from every stored one in its second block keeps only the first
+    other = tokens.copy()
+    other[5] = 7
+    store.add("cmpl-c-0-x", np.arange(8, 10), other[8:10], _rows(2, seed=3), prefix=lambda: other[:8])
+    table_c, _ = parse_routes(dense_routes(store.take("cmpl-c-")[0]), SHAPE, positions=10)
+    assert torch.equal(table_c[:4], torch.from_numpy(first[:4])) and (table_c[4:8] == MISSING).all()
+    assert len(store.take("cmpl-a-")) == 1 and store.take("cmpl-a-") == []
+    # a weight push forgets the blocks: a (hypothetical) hit afterwards gets no stale routes
+    store.forget_blocks()
+    store.add("cmpl-d-0-x", np.arange(8, 10), tokens[8:10], _rows(2, seed=4), prefix=lambda: tokens[:8])
+    table_d, _ = parse_routes(dense_routes(store.take("cmpl-d-")[0]), SHAPE, positions=10)
+    assert (table_d[:8] == MISSING).all()
+    # a block computed again replaces the earlier computation
+    store.add("cmpl-e-0-x", np.arange(4), tokens[:4], _rows(4, seed=5), prefix=None)
+    store.add("cmpl-f-0-x", np.arange(4), tokens[:4], _rows(4, seed=6), prefix=None)
+    store.add("cmpl-g-0-x", np.arange(4, 5), tokens[4:5], _rows(1, seed=7), prefix=lambda: tokens[:4])
+    table_g, _ = parse_routes(dense_routes(store.take("cmpl-g-")[0]), SHAPE, positions=5)
+    assert torch.equal(table_g[:4], torch.from_numpy(_rows(4, seed=6)))
 
 
 def test_worker_store_drops_the_oldest_and_reports_recomputed_positions():
-    store = RouteStore(max_bytes=2_000)
-    rows = np.zeros((10, 2, 2), dtype=np.int16)
+    store = RouteStore(layers=2, top_k=2, block=4, max_bytes=4_000)
     for request in range(5):
-        store.add(f"cmpl-{request}-0-xyz", np.arange(10), rows)  # 80 + 80 bytes each
-    store.add("cmpl-big-0-xyz", np.arange(100), np.zeros((100, 2, 2), dtype=np.int16))  # evicts the oldest
+        store.add(f"cmpl-{request}-0-x", np.arange(10), np.arange(10), _rows(10, request), prefix=None)
+    store.add("cmpl-big-0-x", np.arange(100), np.arange(100), _rows(100, 9), prefix=None)  # evicts the oldest
     assert store.take("cmpl-0-") == [] and len(store.take("cmpl-4-")) == 1
-    chunks = [(np.arange(3), _table(3)), (np.array([3, 4]), _table(2, seed=5))]
-    answer = dense_routes(chunks, 2, 2)
-    table, note = parse_routes(answer, SHAPE, positions=5)
-    assert note is None and torch.equal(table[3:], torch.from_numpy(_table(2, seed=5)).to(torch.int16))
-    assert dense_routes(chunks + [(np.array([1]), _table(1))], 2, 2) == {"recomputed": True}
+    store.add("cmpl-p-0-x", np.arange(3), np.arange(3), _rows(3, 1), prefix=None)
+    store.add("cmpl-p-0-x", np.arange(3, 5), np.arange(3, 5), _rows(2, 2), prefix=None)
+    table, note = parse_routes(dense_routes(store.take("cmpl-p-")[0]), SHAPE, positions=5)
+    assert note is None and torch.equal(table[3:], torch.from_numpy(_rows(2, 2)))
+    store.add("cmpl-q-0-x", np.arange(3), np.arange(3), _rows(3, 1), prefix=None)
+    store.add("cmpl-q-0-x", np.arange(3), np.arange(3), _rows(3, 1), prefix=None)  # preempted: computed again
+    assert dense_routes(store.take("cmpl-q-")[0]) == {"recomputed": True}
 
 
-def _generate(engine, requests):
+def _generate(engine, request):
     async def go():
-        return [await engine.generate(r) for r in requests]  # one after the other: the second hits the cache
+        return await engine.generate(request)
 
     return asyncio.run(go())
 
 
+def _cached_tokens(server) -> float:
+    """vLLM's count of prompt tokens served from the prefix cache (``vllm:prefix_cache_hits``)."""
+    import requests
+
+    lines = requests.get(f"{server.base_url}/metrics", timeout=10).text.splitlines()
+    return sum(float(x.split()[-1]) for x in lines if x.startswith("vllm:prefix_cache_hits_total"))
+
+
 @pytest.mark.vllm
 @pytest.mark.xdist_group("vllm")
-def test_the_server_reports_the_routes_it_computed(vllm_tiny_server, tiny_checkpoint):
-    engine = VLLMServerEngine(vllm_tiny_server.base_url, timeout=120)
+def test_the_server_reports_the_routes_it_computed_and_those_its_cache_served(vllm_tiny_server, tiny_checkpoint):
+    engines = [VLLMServerEngine(vllm_tiny_server.base_url, timeout=120) for _ in range(2)]  # two client processes
     try:
-        assert engine.enable_routes() == SHAPE
+        assert [e.enable_routes() for e in engines] == [SHAPE, SHAPE]
         prompt = [int(t) for t in torch.randint(10, 400, (300,), generator=torch.Generator().manual_seed(0))]
-        first, second = _generate(engine, [GenerationRequest(prompt, 8, seed=s) for s in (1, 2)])
+        first = _generate(engines[0], GenerationRequest(prompt, 8, seed=1))
+        before = _cached_tokens(vllm_tiny_server)
+        later = [
+            _generate(engines[1], GenerationRequest(prompt, 8, seed=2)),
+            _generate(engines[0], GenerationRequest(prompt, 8, seed=3)),
+        ]
+        cached = _cached_tokens(vllm_tiny_server) - before
     finally:
-        engine.close()
+        for engine in engines:
+            engine.close()
     model = GptOssForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32, attn_implementation="eager")
     ids = prompt + first.token_ids
     with torch.no_grad(), record_routing(model) as record:
@@ -129,8 +166,8 @@ def test_the_server_reports_the_routes_it_computed(vllm_tiny_server, tiny_checkp
     assert (routes[:-1] != MISSING).all() and (routes[-1] == MISSING).all()  # the last token is never fed back
     same = (routes[:-1].long().sort(-1).values == trainer_routes[:-1]).all(-1).all(-1).float().mean().item()
     assert same >= 0.99, f"the engine's experts agree with a transformers forward on only {same:.1%} of positions"
-    cached = (second.routes[:, 0, 0] == MISSING).nonzero().flatten()
-    assert len(cached) > 1 and cached[0] == 0, "the second request should reuse the first's cached prompt blocks"
-    fill_shared_prefixes([ids, prompt + second.token_ids], [routes.clone(), second.routes])
-    assert (second.routes[:-1] != MISSING).all()
-    assert torch.equal(second.routes[: len(prompt)], routes[: len(prompt)])
+    # the later requests' prompts came from the prefix cache: their routes are those of the request that computed them
+    assert cached >= 2 * 256, f"only {cached} prompt tokens were served from the prefix cache"
+    for other in later:
+        assert other.routes_note is None and (other.routes[:-1] != MISSING).all()
+        assert torch.equal(other.routes[: len(prompt)], routes[: len(prompt)])

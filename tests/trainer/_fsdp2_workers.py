@@ -121,12 +121,13 @@ def train_rank(rank: int, world: int, layout: str, state_path: str, output_dir: 
         )
     if layout == "single":
         _split_like_ranks(trainer, per_rank_batch)
-    sampled = []
+    sampled, route_notes = [], []
     rollout_func = trainer.rollout_func
 
     def recording(prompts_, trainer_):
         output = rollout_func(prompts_, trainer_)
         sampled.append([[r.completion_ids, r.num_tool_calls] for r in trainer.sampler.last.rollouts])
+        route_notes.append([r.route_notes for r in trainer.sampler.last.rollouts])
         return output
 
     trainer.rollout_func = recording
@@ -143,6 +144,9 @@ def train_rank(rank: int, world: int, layout: str, state_path: str, output_dir: 
         "loss": logged(trainer, "loss"),
         "grad_norm": logged(trainer, "grad_norm"),
         "diff": logged(trainer, "rollout_corr/abs_logp_diff_max"),
+        "routes_missing": logged(trainer, "rollout/routes_missing_fraction"),
+        "route_flips": logged(trainer, "rollout/route_flip_fraction"),
+        "route_notes": route_notes,
         "sampled": sampled,
         "pid": os.getpid(),
         "sync_reports": sync_reports,

@@ -246,6 +246,8 @@ def test_server_url_list_is_kept_and_a_string_becomes_one():
         (dict(routing_replay="old_logprob"), "routing_replay='rollout'"),
         (dict(routing_replay="sometimes"), "routing_replay='sometimes'; choose one of"),
         (dict(routing_replay="rollout", rollout_backend="transformers"), "reports none"),
+        (dict(top_p=0.9, logprobs_implementation="trl"), "scores the full softmax"),
+        (dict(top_k=20, logprobs_implementation="trl"), "scores the full softmax"),
         (dict(use_vllm=True), "rollout_backend"),
         (dict(sp_size=3), "sp_size"),
     ],

@@ -91,7 +91,9 @@ def test_check_sync_from_a_sharded_model_names_sinks_a_pusher_drops(servers, tau
 def test_fsdp2_trainer_pushes_every_group_to_both_servers_and_samples_from_both(servers, taught_state, tmp_path):
     """Two ranks, FSDP2, 3 SGD steps against ``[a, b]``: after each of the 3 pushes ``check_sync`` (sharded,
     collective) finds every parameter group on each server within 1e-4 of the trainer; both servers served
-    conversations; the sampler's log-probs equal the trainer's."""
+    conversations; the sampler's log-probs equal the trainer's. R3 is on: both servers report their routes,
+    every position that matters has one, and the FSDP2 trainer's routers agree with them (a misaligned table
+    would read as flips)."""
     urls = [s.base_url for s in servers]
     before = [_sampled(url) for url in urls]
     overrides = dict(
@@ -100,6 +102,7 @@ def test_fsdp2_trainer_pushes_every_group_to_both_servers_and_samples_from_both(
         rollout_backend="vllm_server",
         rollout_server_url=urls,
         check_sync_after_push=True,
+        routing_replay="rollout",
     )
     run = tmp_path / "fsdp2"
     fsdp2 = launch(train_rank, 2, run, "fsdp2", taught_state, str(run / "out"), overrides, timeout=900)
@@ -112,4 +115,6 @@ def test_fsdp2_trainer_pushes_every_group_to_both_servers_and_samples_from_both(
         for report in result["sync_reports"]:
             _assert_in_sync(report, urls)
         assert len(result["diff"]) == 3 and max(result["diff"]) <= TOLERANCE, result["diff"]
+        assert result["routes_missing"] == [0.0] * 3, (result["routes_missing"], result["route_notes"])
+        assert max(result["route_flips"]) < 0.01, result["route_flips"]
     assert len(set(fsdp2[0]["loss"])) == 3 and min(fsdp2[0]["grad_norm"]) > 0.1

