@@ -48,7 +48,7 @@ WORLD2 += [_scenario(2, "ddp", "eager", "float64", **TEMPERED), _scenario(2, "fs
 WORLD2.append(_scenario(2, "fsdp2", "eager", "float64", batch="hostile", **TEMPERED))
 WORLD2.append(_scenario(2, "fsdp2-head", "fa3_sink", "float64", **TEMPERED))
 # R3 under SP: near-tie flips on the sharded model, the reference's routes packed, sharded and replayed over them
-WORLD2 += [_scenario(2, wrap, inner, "float64", routes=True) for wrap, inner in (("fsdp2", "fa3_sink"), ("ddp", "eager"))]
+WORLD2 += [_scenario(2, w, inner, "float64", routes=True) for w, inner in (("fsdp2", "fa3_sink"), ("ddp", "eager"))]
 WORLD4 = [_scenario(4, wrap, inner) for wrap in ("ddp", "fsdp2") for inner in ("eager", "fa3_sink")]
 WORLD4.append(_scenario(2, "fsdp2", "fa3_sink"))  # two SP groups of 2 inside a data-parallel world of 4
 WORLD4.append(_scenario(4, "ddp", "fa3_sink", **TEMPERED))
