@@ -106,6 +106,7 @@ def train_rank(rank: int, world: int, layout: str, state_path: str, output_dir: 
     resume_from = overrides.pop("resume_from", None)
     peft_config = lora_config() if overrides.pop("lora", False) else None
     check_sync_after_push = overrides.pop("check_sync_after_push", False)
+    flip_routes = overrides.pop("flip_near_ties", False)  # routers that disagree with the engine on near-ties
     args = _args(output_dir, layout, per_rank_batch, **overrides)
     with fsdp2_on_cpu() if layout == "fsdp2" else contextlib.nullcontext():
         trainer = GptOssGRPOTrainer(
@@ -121,6 +122,10 @@ def train_rank(rank: int, world: int, layout: str, state_path: str, output_dir: 
         )
     if layout == "single":
         _split_like_ranks(trainer, per_rank_batch)
+    if flip_routes:
+        from trl_gptoss.testing.routing import flip_near_ties
+
+        flip_near_ties(trainer.model)
     sampled, route_notes = [], []
     rollout_func = trainer.rollout_func
 

