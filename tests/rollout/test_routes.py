@@ -171,3 +171,17 @@ def test_the_server_reports_the_routes_it_computed_and_those_its_cache_served(vl
     for other in later:
         assert other.routes_note is None and (other.routes[:-1] != MISSING).all()
         assert torch.equal(other.routes[: len(prompt)], routes[: len(prompt)])
+
+
+def test_capture_refuses_a_forward_it_cannot_see():
+    from types import SimpleNamespace
+
+    from trl_gptoss.rollout.vllm_worker.gptoss_vllm_routes import _check_capturable
+
+    eager = SimpleNamespace(model_config=SimpleNamespace(enforce_eager=True))
+    runner = SimpleNamespace(_model_forward=None, input_batch=None, query_start_loc=None)
+    _check_capturable(runner, eager)
+    with pytest.raises(RuntimeError, match="--enforce-eager"):
+        _check_capturable(runner, SimpleNamespace(model_config=SimpleNamespace(enforce_eager=False)))
+    with pytest.raises(RuntimeError, match=r"has no \['query_start_loc'\].*VLLM_USE_V2_MODEL_RUNNER=0"):
+        _check_capturable(SimpleNamespace(_model_forward=None, input_batch=None), eager)

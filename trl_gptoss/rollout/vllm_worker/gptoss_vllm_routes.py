@@ -213,10 +213,31 @@ class RouteCapture:
         return dense_routes(taken[0])
 
 
+RUNNER_PARTS = ("_model_forward", "input_batch", "query_start_loc")
+
+
+def _check_capturable(runner, vllm_config) -> None:
+    """Refuse a server whose forward the capture cannot see: CUDA graphs and torch.compile replay the model
+    without running the router hooks (so decode steps would have no route), and another model runner may lay
+    out its batch differently."""
+    if not vllm_config.model_config.enforce_eager:
+        raise RuntimeError(
+            "gptoss_enable_routes: route capture needs the server started with --enforce-eager (CUDA graphs and "
+            "torch.compile replay the forward without the hooks that read the routers)"
+        )
+    missing = [part for part in RUNNER_PARTS if not hasattr(runner, part)]
+    if missing:
+        raise RuntimeError(
+            f"gptoss_enable_routes: vLLM's model runner {type(runner).__name__} has no {missing}; route capture "
+            "reads the V1 runner's batch layout (set VLLM_USE_V2_MODEL_RUNNER=0)"
+        )
+
+
 class _CaptureState:
     """The hooks, the wrapped ``_model_forward`` and the store of one worker."""
 
     def __init__(self, runner, vllm_config):
+        _check_capturable(runner, vllm_config)
         hf_config, cache = vllm_config.model_config.hf_config, vllm_config.cache_config
         self.runner = runner
         self.top_k = int(hf_config.num_experts_per_tok)

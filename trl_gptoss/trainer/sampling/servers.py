@@ -77,6 +77,7 @@ def start_server(args, model, tokenizer):
         startup_timeout=args.rollout_server_timeout,
         remove_on_exit=[path],  # the model copy goes with the server, even if this process is killed
         secret=new_secret(),
+        extra_args=["--enforce-eager"] if args.routing_replay == "rollout" else [],  # route capture: no CUDA graphs
     )
     release = _releaser(server, tmp)
     started = None
