@@ -71,3 +71,13 @@ def test_rollout_replay_in_the_old_logprob_pass(taught, tokenizer, tmp_path, ser
     """Batches reused for two iterations: the old-log-prob pass runs and is routed by the engine as well."""
     trainer = _train(taught, tokenizer, tmp_path, server, "rollout", num_iterations=2, max_steps=2)
     assert max(logged(trainer, "rollout_corr/abs_logp_diff_max")) <= 1e-4
+
+
+def test_routes_survive_the_background_generation(taught, tokenizer, tmp_path, server):
+    """``max_staleness: 1``: step 1 trains on a batch the Sampler generated in the background during step 0; its
+    routes came with it (none missing, the flipped ones replaced)."""
+    trainer = _train(taught, tokenizer, tmp_path, server, "rollout", max_staleness=1)
+    assert logged(trainer, "rollout/staleness") == [0.0, 1.0]
+    assert logged(trainer, "rollout/routes_missing_fraction") == [0.0, 0.0]
+    assert min(logged(trainer, "rollout/route_flip_fraction")) >= 0.1
+    assert logged(trainer, "rollout_corr/abs_logp_diff_max")[0] <= 1e-4  # step 0 is on-policy
