@@ -34,6 +34,7 @@ device with the tools. Unpinned, vLLM still binds its CPU worker to core 0 and t
 sandboxes there too (see docs/rollouts.md for what that costs).
 
     .venv/bin/python benchmarks/bench_rollouts.py [--repeats 3] [--workload uniform|varied|long] [--pin]
+        [--sandbox default|bwrap-per-call]
         [--variants async,async-ungrouped,async-thread-http,lockstep,lockstep+parallel-tools] [--timeline]
         [--out FILE.json]
 """
@@ -358,6 +359,13 @@ def main(argv=None) -> int:
         help="vLLM server on core 0, this process (rollout loop, tool threads, sandboxes) on core 1: the GPU "
         "recipes' shape, where the engine and the tools never share a device",
     )
+    parser.add_argument(
+        "--sandbox",
+        choices=["default", "bwrap-per-call"],
+        default="default",
+        help="default: PythonSandbox() (a fork of its zygote per call where the host supports one); "
+        "bwrap-per-call: PythonSandbox(zygote=False), a bubblewrap and an interpreter per call",
+    )
     args = parser.parse_args(argv)
     if args.pin and len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("--pin needs at least 2 cores")
@@ -382,7 +390,8 @@ def main(argv=None) -> int:
         checkpoint = build_checkpoint(Path(args.cache or cache_dir() / "bench_rollouts_tool_caller_v1"), tokenizer)
     else:
         checkpoint = save_tiny_checkpoint(Path(args.cache or cache_dir() / "bench_rollouts_tiny_v1"), seed=0)
-    sandbox = PythonSandbox(SandboxLimits(wall_seconds=30.0), max_concurrency=POOL)
+    zygote = False if args.sandbox == "bwrap-per-call" else None
+    sandbox = PythonSandbox(SandboxLimits(wall_seconds=30.0), max_concurrency=POOL, zygote=zygote)
     seeds = {derive_seed(0, i, t): (i, t) for i in range(len(prompts)) for t in range(MAX_TURNS)}
     timeline = rollout_timeline.Timeline(seeds)
     tool = rollout_timeline.TimedPythonTool(sandbox, stateful=False)
@@ -432,7 +441,8 @@ def main(argv=None) -> int:
                 pinner.stop.set()
     if pinner is not None and not pinner.pinned:
         raise SystemExit("--pin: no vLLM server thread was found to pin")
-    return report(runs, args.out, args.policy, args.workload, pinned=args.pin, tools_alone=tools_alone)
+    launcher = "zygote" if sandbox.zygote else "bwrap per call"
+    return report(runs, args.out, args.policy, args.workload, args.pin, tools_alone, launcher)
 
 
 def tools_alone_s(sandbox, conversations, repeats: int) -> float:
@@ -447,7 +457,7 @@ def tools_alone_s(sandbox, conversations, repeats: int) -> float:
     return statistics.median(walls)
 
 
-def report(runs, out, policy: str, workload: str, pinned: bool, tools_alone: float) -> int:
+def report(runs, out, policy: str, workload: str, pinned: bool, tools_alone: float, launcher: str) -> int:
     median = {
         v: {key: statistics.median(r[key] for r in rs) for key in rs[0] if key != "timeline"} for v, rs in runs.items()
     }
@@ -457,7 +467,9 @@ def report(runs, out, policy: str, workload: str, pinned: bool, tools_alone: flo
     print(
         f"16 conversations, tool calls {CALL_COUNTS} (sum {sum(CALL_COUNTS)}), one sandbox run per call, "
         f"policy {policy}, workload {workload}; 1-minute load average {min(loads):.1f}-{max(loads):.1f} "
-        f"on {os.cpu_count()} cores" + ("; server on core 0, loop and tools on core 1" if pinned else "")
+        f"on {os.cpu_count()} cores"
+        + ("; server on core 0, loop and tools on core 1" if pinned else "")
+        + f"; sandbox: {launcher}"
     )
     print(
         f"{'variant':<26}{'wall s':>9}{'vs lockstep':>13}{'vs lockstep+pt':>16}{'tokens/s':>10}{'engine idle':>13}"
@@ -480,6 +492,7 @@ def report(runs, out, policy: str, workload: str, pinned: bool, tools_alone: flo
             "temperature": TEMPERATURE,
         },
         "pinned": pinned,
+        "sandbox_launcher": launcher,
         "tools_alone_s": tools_alone,
         "load_average_1m_at_end": os.getloadavg()[0],
         "load_average_1m_range": [min(loads), max(loads)],

@@ -4,14 +4,18 @@ Usage: ``python benchmarks/bench_sandbox.py [--calls 40] [--batch 200] [--baseli
 
 Workloads (each verified before it is timed: every call must print the expected value):
 - overhead: sequential ``print(1)`` calls, all variants interleaved round-robin so load spikes on a shared
-  host hit them alike; median / p90 wall time per call. Floors: the same interpreter started bare,
+  host hit them alike; median / p90 wall time per call. The sandbox twice: ``namespaces`` (the default
+  ``PythonSandbox``: a fork of its zygote per call, where the host supports one) and ``namespaces (bwrap per
+  call)`` (``zygote=False``: a bubblewrap and an interpreter per call). Floors: the same interpreter started bare,
   ``python -I -c`` (runs ``site`` over the host's site-packages, whose ``.pth`` hooks the sandbox never
   sees, so it can be slower than a sandboxed call) and ``python -I -S -c`` (no ``site``: the strict floor;
-  sandbox minus this is an upper bound on what isolation costs). ``--baseline-tree DIR`` also times the
+  sandbox minus this is an upper bound on what isolation costs; ``ratio_vs_no_site`` is sandbox / this floor).
+  ``--baseline-tree DIR`` also times the
   ``PythonSandbox`` of another checkout (e.g. a ``git worktree`` of the previous launcher) in a worker
   process, interleaved with the rest: the before/after comparison.
-- concurrency: ``run_many`` of ``--batch`` calls that each sleep 50 ms, for several ``max_concurrency``;
-  reports calls/s and speed-up over ``max_concurrency=1``.
+- numpy: ``import numpy; print(1)`` through both launchers, interleaved (the zygote has numpy imported).
+- concurrency: ``run_many`` of ``--batch`` calls that each sleep 50 ms, for several ``max_concurrency``, through
+  both launchers; reports calls/s and speed-up over the first ``max_concurrency`` of the same launcher.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _time_interleaved(variants: dict, calls: int, worker_timed: dict | None = None) -> dict:
+def _time_interleaved(variants: dict, calls: int, worker_timed: dict | None = None, expect: str = "1") -> dict:
     """Time ``variants`` (name -> zero-argument function returning stdout) round-robin, so load spikes on
     this shared host hit every variant alike; each output is verified. A ``worker_timed`` variant reports its
     own time (``.last_seconds``, measured in its worker process around the call)."""
@@ -48,8 +52,8 @@ def _time_interleaved(variants: dict, calls: int, worker_timed: dict | None = No
             out = run_one()
             elapsed = time.perf_counter() - start
             times[name].append(worker_timed[name].last_seconds if name in worker_timed else elapsed)
-            if out.strip() != "1":
-                raise RuntimeError(f"verification failed for {name}: expected '1', got {out!r}")
+            if out.strip() != expect:
+                raise RuntimeError(f"verification failed for {name}: expected {expect!r}, got {out!r}")
     return {
         name: {
             "median_ms": 1e3 * statistics.median(t),
@@ -105,8 +109,10 @@ class _BaselineSandbox:
 def bench_overhead(calls: int, python: str, baseline_tree: str | None) -> dict:
     """The sandbox's median call against the floors (and the baseline checkout's sandbox, if given)."""
     namespaces = PythonSandbox(python_executable=python)
+    per_call = PythonSandbox(python_executable=python, zygote=False)
     variants = {
         "namespaces": lambda: namespaces.run("print(1)").stdout,
+        "namespaces (bwrap per call)": lambda: per_call.run("print(1)").stdout,
         "bare -I": _bare(python, "-I"),
         "bare -I -S": _bare(python, "-I", "-S"),
     }
@@ -131,23 +137,54 @@ def bench_overhead(calls: int, python: str, baseline_tree: str | None) -> dict:
             row.update(overhead_vs_bare_ms=row["median_ms"] - timed["bare -I (system python)"]["median_ms"])
         else:
             row.update(overhead_vs_bare_ms=row["median_ms"] - floor, overhead_vs_no_site_ms=row["median_ms"] - strict)
-    return {"python": python, "system_python": system, "variants": timed}
+            row.update(ratio_vs_no_site=row["median_ms"] / strict)
+    namespaces.close()
+    per_call.close()
+    return {"python": python, "system_python": system, "zygote": namespaces.zygote, "variants": timed}
+
+
+def bench_numpy(calls: int, python: str) -> dict:
+    """``import numpy`` in a call: preloaded in the zygote, imported from scratch by a per-call interpreter."""
+    code = "import numpy\nprint(1)"
+    zygote = PythonSandbox(python_executable=python)
+    per_call = PythonSandbox(python_executable=python, zygote=False)
+    variants = {
+        "namespaces": lambda: zygote.run(code).stdout,
+        "namespaces (bwrap per call)": lambda: per_call.run(code).stdout,
+        "bare -I": lambda: (
+            subprocess.run(  # -S would leave the venv's numpy off sys.path
+                [python, "-I", "-c", code], capture_output=True, text=True, env={"OMP_NUM_THREADS": "1"}
+            ).stdout
+        ),
+    }
+    timed = _time_interleaved(variants, calls)
+    zygote.close()
+    per_call.close()
+    return {"code": code, "zygote": zygote.zygote, "variants": timed}
 
 
 def bench_concurrency(batch: int, workers: list[int]) -> list[dict]:
     codes = [f"import time\ntime.sleep(0.05)\nprint({i})" for i in range(batch)]
     rows = []
     for n in workers:
-        sandbox = PythonSandbox(SandboxLimits(wall_seconds=30), max_concurrency=n)
-        start = time.perf_counter()
-        results = sandbox.run_many(codes)
-        elapsed = time.perf_counter() - start
-        if [r.stdout for r in results] != [f"{i}\n" for i in range(batch)] or not all(r.ok for r in results):
-            raise RuntimeError(f"verification failed at max_concurrency={n}")
-        rows.append({"max_concurrency": n, "calls": batch, "seconds": elapsed, "calls_per_s": batch / elapsed})
-    base = rows[0]["seconds"]
-    for row in rows:
-        row["speedup_vs_first"] = base / row["seconds"]
+        for zygote in (None, False):  # interleaved: the default (zygote where supported), a bubblewrap per call
+            sandbox = PythonSandbox(SandboxLimits(wall_seconds=30), max_concurrency=n, zygote=zygote)
+            sandbox.run("print(1)")  # the zygote starts on its first call: not part of the batch
+            start = time.perf_counter()
+            results = sandbox.run_many(codes)
+            elapsed = time.perf_counter() - start
+            sandbox.close()
+            if [r.stdout for r in results] != [f"{i}\n" for i in range(batch)] or not all(r.ok for r in results):
+                raise RuntimeError(f"verification failed at max_concurrency={n}")
+            launcher = "zygote" if sandbox.zygote else "bwrap per call"
+            rows.append(
+                {"launcher": launcher, "max_concurrency": n, "calls": batch, "seconds": elapsed,
+                 "calls_per_s": batch / elapsed}
+            )  # fmt: skip
+    for launcher in {row["launcher"] for row in rows}:
+        own = [row for row in rows if row["launcher"] == launcher]
+        for row in own:
+            row["speedup_vs_first"] = own[0]["seconds"] / row["seconds"]
     return rows
 
 
@@ -163,17 +200,24 @@ def main() -> None:
 
     load_before = os.getloadavg()[0]  # the host is shared: record how busy it was
     overhead = bench_overhead(args.calls, sys.executable, args.baseline_tree)
-    print(f"{'variant':<26}{'median ms':>11}{'p90 ms':>9}{'over bare -I':>14}{'over bare -I -S':>17}")
+    print(f"zygote: {overhead['zygote']}")
+    header = f"{'variant':<30}{'median ms':>11}{'p90 ms':>9}{'over bare -I':>14}{'over bare -I -S':>17}"
+    print(header + f"{'/ bare -I -S':>14}")
     for name, row in overhead["variants"].items():
         extra = f"{row['overhead_vs_bare_ms']:>14.1f}" if "overhead_vs_bare_ms" in row else ""
         extra += f"{row['overhead_vs_no_site_ms']:>17.1f}" if "overhead_vs_no_site_ms" in row else ""
-        print(f"{name:<26}{row['median_ms']:>11.1f}{row['p90_ms']:>9.1f}{extra}")
+        extra += f"{row['ratio_vs_no_site']:>14.2f}" if "ratio_vs_no_site" in row else ""
+        print(f"{name:<30}{row['median_ms']:>11.1f}{row['p90_ms']:>9.1f}{extra}")
+    numpy_rows = bench_numpy(max(args.calls // 2, 5), sys.executable)
+    print(f"\n{numpy_rows['code']!r}")
+    for name, row in numpy_rows["variants"].items():
+        print(f"{name:<30}{row['median_ms']:>11.1f}{row['p90_ms']:>9.1f}")
     concurrency = [] if args.skip_concurrency else bench_concurrency(args.batch, args.workers)
-    print(f"\n{'workers':<9}{'calls':>6}{'seconds':>9}{'calls/s':>9}{'speed-up':>10}")
+    print(f"\n{'launcher':<16}{'workers':<9}{'calls':>6}{'seconds':>9}{'calls/s':>9}{'speed-up':>10}")
     for row in concurrency:
         print(
-            f"{row['max_concurrency']:<9}{row['calls']:>6}{row['seconds']:>9.2f}{row['calls_per_s']:>9.1f}"
-            f"{row['speedup_vs_first']:>10.2f}"
+            f"{row['launcher']:<16}{row['max_concurrency']:<9}{row['calls']:>6}{row['seconds']:>9.2f}"
+            f"{row['calls_per_s']:>9.1f}{row['speedup_vs_first']:>10.2f}"
         )
     record = {
         "host": {
@@ -187,6 +231,7 @@ def main() -> None:
         "limits": SandboxLimits().__dict__,
         "baseline_tree": args.baseline_tree,
         "overhead": overhead,
+        "numpy": numpy_rows,
         "concurrency": concurrency,
     }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

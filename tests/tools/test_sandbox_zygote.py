@@ -281,3 +281,19 @@ def test_a_zygote_that_cannot_start_falls_back_to_a_bubblewrap_per_call(monkeypa
     with pytest.warns(UserWarning, match="broken on purpose"):
         result = sandbox.run("print(1)")
     assert result.ok and result.stdout == "1\n" and not sandbox.zygote
+
+
+def test_nothing_the_calls_share_is_writable(sandbox):
+    """The zygote's own file system (the root, /dev, /.sandbox, /mnt) is shared by its calls: none of it may
+    take a write, or a call could leave a file for the next one."""
+    code = (
+        "import os\n"
+        "for path in ['/x', '/dev/x', '/.sandbox/x', '/mnt/x', '/.sandbox/zygote.py', '/proc/sys/kernel/x']:\n"
+        "    try:\n"
+        "        open(path, 'a').close()\n"
+        "        print('wrote', path)\n"
+        "    except OSError as exc:\n"
+        "        print('refused', path, type(exc).__name__)\n"
+    )
+    result = sandbox.run(code)
+    assert result.ok and "wrote" not in result.stdout and result.stdout.count("refused") == 6, result.render()

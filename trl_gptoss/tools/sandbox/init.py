@@ -1,8 +1,9 @@
 """The trusted first steps of one sandboxed call, run in the interpreter that then runs the model's code.
 
-Executed as ``python -I -u init.py KEY=VALUE ...`` (never imported inside the sandbox; the host imports it
-only for ``CallConfig``, so host and init share one typed config). Standard library only, and only cheap
-modules: this runs on every call, and the whole call's budget over a bare interpreter is ~20 ms.
+Executed as ``python -I -u init.py KEY=VALUE ...`` under a bubblewrap per call; the host imports it only for
+``CallConfig``, so host and init share one typed config, and a zygote (``zygote.py``) loads it as a module
+and runs steps 2-4 and 6 in each call's program. Standard library only, and only cheap modules: under a
+bubblewrap per call this runs on every call.
 
 Steps, before any model-written byte is compiled:
 

@@ -148,21 +148,22 @@ class Zygote:
             with call_end, _closing([out_write, err_write, _memfd_with(source)]) as fds:
                 fds += [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in cgroup_procs]
                 request = json.dumps({"uid": userns.SANDBOX_UID + slot}).encode()
-                self._send(request, [call_end.fileno(), *fds])
+                proc = self._send(request, [call_end.fileno(), *fds])
         except BaseException:
             for fd in (out_read, err_read):
                 os.close(fd)
             call.close()
             raise
-        return ZygoteCall(call, out_read, err_read, self)
+        return ZygoteCall(call, out_read, err_read, self, proc)
 
-    def _send(self, request: bytes, fds: list[int]) -> None:
+    def _send(self, request: bytes, fds: list[int]) -> subprocess.Popen:
+        """Send one request; returns the zygote's bubblewrap that got it."""
         with self._lock:
             for attempt in range(2):  # a zygote that died since the last call is replaced once
                 control = self._running()
                 try:
                     socket.send_fds(control, [request], fds)
-                    return
+                    return self._proc
                 except OSError:
                     if attempt:
                         raise
@@ -258,20 +259,23 @@ class Zygote:
             proc.wait()
             proc.stderr.close()
 
-    def restart(self) -> None:
-        """End the zygote now (a later call starts a fresh one)."""
+    def restart(self, proc: subprocess.Popen | None = None) -> None:
+        """End the zygote now (a later call starts a fresh one); with ``proc``, only if that is still the one
+        running (a call that found its zygote dead must not end the replacement another call started)."""
         with self._lock:
-            if self._owner == os.getpid():
+            if self._owner == os.getpid() and (proc is None or proc is self._proc):
                 self._stop()
 
-    close = restart
+    def close(self) -> None:
+        """End the zygote and the calls it runs."""
+        self.restart()
 
 
 class ZygoteCall:
     """One call of the zygote, with the part of the ``subprocess.Popen`` interface the runner uses."""
 
-    def __init__(self, call: socket.socket, out_read: int, err_read: int, zygote: Zygote):
-        self._call, self._zygote = call, zygote
+    def __init__(self, call: socket.socket, out_read: int, err_read: int, zygote: Zygote, proc: subprocess.Popen):
+        self._call, self._zygote, self._proc = call, zygote, proc
         self.stdout = open(out_read, "rb", buffering=0)  # noqa: SIM115 - closed by the reader
         self.stderr = open(err_read, "rb", buffering=0)  # noqa: SIM115 - closed by the reader
         self.returncode: int | None = None
@@ -298,17 +302,18 @@ class ZygoteCall:
         if message.startswith(b"x"):
             self.returncode = int(message[1:])
         else:  # end-of-file: the zygote died, and its bubblewrap takes the call down with it
-            self._zygote.restart()
+            self._zygote.restart(self._proc)
             self.returncode = -signal.SIGKILL
 
     def kill(self) -> None:
-        """SIGKILL the call's PID 1 (so every process of the call) and wait until all are gone."""
+        """SIGKILL the call's PID 1 (so every process of the call) unless the call already reported its end, and
+        wait for that report: the program and everything it started are gone then."""
         if self.returncode is None:
             with contextlib.suppress(OSError):  # the zygote already closed the socket: it is reporting
                 self._call.send(b"k")
             try:
                 self.wait(KILL_TIMEOUT)
             except subprocess.TimeoutExpired:  # a zygote that does not answer is replaced, calls and all
-                self._zygote.restart()
+                self._zygote.restart(self._proc)
                 self.returncode = -signal.SIGKILL
         self._call.close()

@@ -3,7 +3,9 @@
 The code is hostile input running on the training host. Each call: its own namespaces and allow-listed file
 system (``bwrap.py``, ``view.py``), a seccomp filter (``seccomp.py``), cgroups for memory, processes and CPU
 (``cgroups.py``), rlimits and an unprivileged uid (``init.py``, ``userns.py``), an empty environment, output
-read incrementally with a cap, a wall clock, and at the end every process of the call is killed.
+read incrementally with a cap, a wall clock, and at the end every process of the call is killed. A call is a
+fork of the sandbox's zygote (``preforked.py``, ``zygote.py``) where the host supports one, else a bubblewrap
+of its own (``bwrap.py``).
 ``process.py`` is the weaker level for hosts without user namespaces. ``docs/tools_and_rewards.md`` states
 what the code can and cannot see or touch, and the measured cost.
 """
@@ -229,14 +231,15 @@ class PythonSandbox:
             mounts.remove()
 
     def _launch(self, source, uid, procs, marker, call_dir, mounts) -> subprocess.Popen | preforked.ZygoteCall:
-        if self._zygote is not None:
+        zygote = self._zygote  # once: another call may fall back meanwhile
+        if zygote is not None:
             try:
-                return self._zygote.spawn(source, uid, procs)
+                return zygote.spawn(source, uid, procs)
             except preforked.ZygoteError as exc:
                 if self._zygote_required:
                     raise
                 warnings.warn(f"{exc}; this sandbox runs each call under its own bubblewrap from now on", stacklevel=4)
-                self._zygote.close()
+                zygote.close()
                 self._zygote, self.zygote = None, False
                 self.disk_files_capped = scratch.host_can_mount()
         if self.isolation == "namespaces":

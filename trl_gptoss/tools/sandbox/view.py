@@ -9,7 +9,8 @@ Bubblewrap starts every call on an empty tmpfs root and mounts only what is list
   otherwise empty ``site-packages``, with a wheel's ``<name>.libs`` directory of bundled shared libraries;
 - the system's shared libraries (``/lib64``, ``/usr/lib64``, the multiarch ``/usr/lib/<triple>`` and
   ``/lib/<triple>``, or ``/usr/lib`` when there is none) and ``/etc/ld.so.cache``;
-- (added per call by ``bwrap.py``, as a copy) the sandbox's own ``init.py`` at ``/.sandbox/init.py``.
+- (added by ``bwrap.py`` per call, or ``preforked.py`` per zygote, as copies) the sandbox's own ``init.py`` at
+  ``/.sandbox/init.py`` (and a zygote's ``/.sandbox/zygote.py``).
 
 Fresh mounts complete it: ``/proc`` of the call's PID namespace, a ``/dev`` with only ``null``, ``zero``,
 ``full``, ``random``, ``urandom``, ``tty``, ``ptmx`` and ``pts``, size-limited tmpfs ``/tmp`` (working
