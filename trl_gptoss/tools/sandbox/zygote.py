@@ -41,6 +41,7 @@ import gc
 import importlib.util
 import json
 import os
+import resource
 import select
 import selectors
 import signal
@@ -384,6 +385,8 @@ def reseed():
 
 def main():
     cfg, options = parse(sys.argv[1:])
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # two descriptors per running call
     for name in options["preload"]:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
