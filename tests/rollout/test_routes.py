@@ -153,6 +153,9 @@ def test_the_server_reports_the_routes_it_computed_and_those_its_cache_served(vl
             _generate(engines[0], GenerationRequest(prompt, 8, seed=3)),
         ]
         cached = _cached_tokens(vllm_tiny_server) - before
+        engines[1].disable_routes()  # capture off: the server answers without routes again
+        plain = _generate(engines[1], GenerationRequest(prompt, 4, seed=4))
+        assert plain.routes is None and plain.routes_note is None and engines[1].route_shape is None
     finally:
         for engine in engines:
             engine.close()

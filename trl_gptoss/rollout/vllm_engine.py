@@ -222,6 +222,14 @@ class VLLMServerEngine:
         self.route_shape = shapes.pop()
         return self.route_shape
 
+    def disable_routes(self) -> None:
+        """Stop route capture on the server, for every client of it (this engine's ``generate`` returns no routes
+        from now on; another client's requests lose theirs too)."""
+        from trl_gptoss.rollout.weights.server_calls import collective_rpc
+
+        collective_rpc(self, "gptoss_disable_routes")
+        self.route_shape = None
+
     async def _with_routes(self, generation: Generation, tag: str, positions: int) -> Generation:
         payload = {"method": "gptoss_take_routes", "args": [tag]}
         answer = await self.arequest("POST", "/collective_rpc", payload, retries=0, check=server_answers.rpc_results)

@@ -189,7 +189,16 @@ class RouteCapture:
         state = getattr(self, "_gptoss_routes", None)
         if state is None:
             state = self._gptoss_routes = _CaptureState(self.model_runner, self.vllm_config)
+        state.enabled = True
         return {"layers": state.layers, "top_k": state.top_k, "num_experts": state.num_experts}
+
+    def gptoss_disable_routes(self) -> None:
+        """Stop capturing (the hooks stay, idle; what was captured is forgotten)."""
+        state = getattr(self, "_gptoss_routes", None)
+        if state is not None:
+            state.enabled = False
+            state.store.take("")
+            state.store.forget_blocks()
 
     def _gptoss_weights_changed(self) -> None:
         """Blocks computed with the old weights are no route for anything computed from now on (the push also
@@ -247,11 +256,14 @@ class _CaptureState:
         block = getattr(cache, "prefix_match_unit", None) or cache.block_size
         self.store = RouteStore(self.layers, self.top_k, int(block))
         self._step: list[torch.Tensor] | None = None  # this forward's [rows, top_k] per layer, layer order
+        self.enabled = True
         for router in routers:
             router.register_forward_hook(self._hook)
         forward = runner._model_forward
 
         def model_forward(*args, **kwargs):
+            if not self.enabled:
+                return forward(*args, **kwargs)
             self._step = []
             try:
                 return forward(*args, **kwargs)
