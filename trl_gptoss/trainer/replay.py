@@ -61,10 +61,7 @@ class RoutingReplay:
             rows, length = ids.shape
             indices.append(torch.stack([t.view(rows, length, -1) for t in record.indices], dim=2))
         self._indices = torch.cat(indices, dim=0)
-        logps = torch.cat([r[0] for r in results], dim=0)
-        entropies = None if results[0][1] is None else torch.cat([r[1] for r in results], dim=0)
-        aux = None if results[0][2] is None else torch.stack([r[2] for r in results]).mean()
-        return logps, entropies, aux
+        return _joined(results)
 
     def replay(self, model, routing_indices: torch.Tensor):
         """Context manager: the forward inside routes ``[b, L]`` tokens exactly as recorded."""
@@ -129,13 +126,18 @@ class RolloutRouteReplay:
             with self.replay(model, indices[part]):
                 ids, mask = input_ids[part], attention_mask[part]
                 results.append(logps_fn(model, ids, mask, logits_to_keep, None, *args, **kwargs))
-        logps = torch.cat([r[0] for r in results], dim=0)
-        entropies = None if results[0][1] is None else torch.cat([r[1] for r in results], dim=0)
-        aux = None if results[0][2] is None else torch.stack([r[2] for r in results]).mean()
-        return logps, entropies, aux
+        return _joined(results)
 
     def replay(self, model, routing_indices: torch.Tensor):
         return replay(model, routing_indices, allow_missing=True)
+
+
+def _joined(results: list[tuple]) -> tuple:
+    """TRL's ``(logps, entropies, aux_loss)`` of a pass run chunk by chunk: rows concatenated, aux averaged."""
+    logps = torch.cat([r[0] for r in results], dim=0)
+    entropies = None if results[0][1] is None else torch.cat([r[1] for r in results], dim=0)
+    aux = None if results[0][2] is None else torch.stack([r[2] for r in results]).mean()
+    return logps, entropies, aux
 
 
 def routing_replay_for(args, model):
