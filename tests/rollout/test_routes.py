@@ -10,7 +10,7 @@ from transformers import GptOssForCausalLM
 
 from trl_gptoss.experts.routing import record_routing
 from trl_gptoss.rollout import GenerationRequest, VLLMServerEngine
-from trl_gptoss.rollout.routes import MISSING, RouteShape, TrajectoryRoutes, missing_fraction, parse_routes
+from trl_gptoss.rollout.routes import MISSING, RouteShape, TrajectoryRoutes, missing_counts, parse_routes
 from trl_gptoss.rollout.vllm_worker.gptoss_vllm_routes import RouteStore, dense_routes
 
 SHAPE = RouteShape(layers=2, top_k=2, num_experts=4)
@@ -66,12 +66,12 @@ def test_turns_merge_with_the_first_computation_winning():
     assert TrajectoryRoutes().finish(5) is None
 
 
-def test_missing_fraction_counts_every_position_but_the_last():
+def test_missing_counts_counts_every_position_but_the_last():
     routed = torch.from_numpy(_table(6, seed=3)).to(torch.int16)
     partly = routed[:5].clone()
     partly[1:3] = MISSING
     # positions that count: all but each trajectory's last; missing: 2 of 4, and all 2 of the unrouted one
-    assert missing_fraction([routed, partly, None], [6, 5, 3]) == pytest.approx(4 / 11)
+    assert missing_counts([routed, partly, None], [6, 5, 3]) == (4, 11)
 
 
 def _rows(n, seed):

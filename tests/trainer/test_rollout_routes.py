@@ -16,6 +16,7 @@ from trl_gptoss.trainer import GptOssGRPOTrainer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
 
+
 @pytest.fixture(scope="module")
 def server(taught):
     from trl_gptoss.rollout.server import VLLMServer

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from trl_gptoss.rollout.routes import MISSING, RouteShape
+from trl_gptoss.trainer.loss_pass import LocalCollectives
 from trl_gptoss.trainer.replay import RolloutRouteReplay
 
 SHAPE = RouteShape(layers=2, top_k=2, num_experts=4)
@@ -30,7 +31,7 @@ def _padded(rollouts, prompt_len, completion_len):
 def test_routes_land_on_their_tokens_and_padding_has_none():
     rollouts = [_rollout([5, 6, 7], [8, 9]), _rollout([5], [8, 9, 10, 11]), _rollout([4, 4], [3], routed=False)]
     replay = RolloutRouteReplay(SHAPE)
-    metrics = replay.keep(rollouts)
+    metrics = replay.keep(rollouts, LocalCollectives(None))
     assert metrics == {"rollout/routes_missing_fraction": pytest.approx(2 / 10)}  # the unrouted one: 2 of 2
     input_ids = _padded(rollouts, prompt_len=4, completion_len=6)  # TRL's pad_to_multiple_of can widen both
     aligned = replay.aligned(input_ids, completion_length=6)
@@ -45,7 +46,7 @@ def test_routes_land_on_their_tokens_and_padding_has_none():
 def test_a_batch_that_is_not_the_rollouts_is_refused():
     rollouts = [_rollout([5, 6, 7], [8, 9]), _rollout([5], [8, 9, 10, 11])]
     replay = RolloutRouteReplay(SHAPE)
-    replay.keep(rollouts)
+    replay.keep(rollouts, LocalCollectives(None))
     input_ids = _padded(rollouts, prompt_len=3, completion_len=4)
     shifted = input_ids.clone()
     shifted[0] = torch.roll(shifted[0], 1)  # one row padded differently

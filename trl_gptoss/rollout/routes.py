@@ -111,10 +111,11 @@ class TrajectoryRoutes:
         return table
 
 
-def missing_fraction(tables: list[torch.Tensor | None], lengths: list[int]) -> float:
-    """Fraction of positions whose route counts (all but each trajectory's last token) that have none."""
+def missing_counts(tables: list[torch.Tensor | None], lengths: list[int]) -> tuple[int, int]:
+    """``(missing, counted)``: positions whose route counts (all but each trajectory's last token), and how many of
+    them have none."""
     counted = sum(max(n - 1, 0) for n in lengths)
     missing = 0
     for table, n in zip(tables, lengths, strict=True):
         missing += max(n - 1, 0) if table is None else int((table[: max(n - 1, 0), 0, 0] == MISSING).sum())
-    return missing / counted if counted else 0.0
+    return missing, counted

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from trl_gptoss.experts.routing import RoutingRecord, record_routing, replay_routing
-from trl_gptoss.rollout.routes import MISSING, RouteShape, missing_fraction
+from trl_gptoss.rollout.routes import MISSING, RouteShape, missing_counts
 from trl_gptoss.rollout.weights.names import unwrap
 
 
@@ -80,11 +80,13 @@ class RolloutRouteReplay:
         self.armed = False
         self._batch: list[tuple[list[int], list[int], torch.Tensor | None]] | None = None
 
-    def keep(self, rollouts) -> dict[str, float]:
-        """Hold this batch's routes (token ids kept to prove the alignment); returns its metrics."""
+    def keep(self, rollouts, collectives) -> dict[str, float]:
+        """Hold this batch's routes (token ids kept to prove the alignment); returns its metrics, over every process
+        (``collectives``: the accelerator)."""
         self._batch = [(r.prompt_ids, r.completion_ids, r.routes) for r in rollouts]
         lengths = [len(r.prompt_ids) + len(r.completion_ids) for r in rollouts]
-        return {"rollout/routes_missing_fraction": missing_fraction([r.routes for r in rollouts], lengths)}
+        counts = missing_counts([r.routes for r in rollouts], lengths)
+        return {"rollout/routes_missing_fraction": summed_fraction(counts, collectives)}
 
     def arm(self) -> None:
         self.armed = True
@@ -130,6 +132,19 @@ class RolloutRouteReplay:
 
     def replay(self, model, routing_indices: torch.Tensor):
         return replay(model, routing_indices, allow_missing=True)
+
+
+def summed_fraction(counts: tuple[int, int], collectives) -> float:
+    """``sum(part) / sum(whole)`` of ``counts = (part, whole)`` over every process (0 when nothing was counted)."""
+    device = getattr(collectives, "device", "cpu")
+    part, whole = collectives.gather(torch.tensor([counts], dtype=torch.float64, device=device)).sum(dim=0).tolist()
+    return part / whole if whole else 0.0
+
+
+def flip_fraction(records, collectives) -> float:
+    """Of the rows the ``RoutingRecord``s replayed, over every process, the share the router would have routed
+    elsewhere."""
+    return summed_fraction((sum(r.flipped_rows for r in records), sum(r.replayed_rows for r in records)), collectives)
 
 
 def _joined(results: list[tuple]) -> tuple:

@@ -15,6 +15,7 @@ import contextlib
 import torch
 
 from trl_gptoss.parallel import ContextParallelPlugin, HeadConfig, prepare_context_parallel
+from trl_gptoss.trainer.replay import flip_fraction
 
 
 def check_sequence_parallel(args, model_config) -> ContextParallelPlugin:
@@ -83,10 +84,8 @@ class SequenceParallelLoss:
         result = self.runner.forward_backward(
             input_ids, attention_mask, loss_fn, routes=routes, route_replay=_recording(trainer, records)
         )
-        if records and records[0].allow_missing:  # R3: the shards' replays, each owner's micro-batch
-            replayed = sum(r.replayed_rows for r in records)
-            flipped = sum(r.flipped_rows for r in records)
-            trainer._log_metrics({"rollout/route_flip_fraction": flipped / replayed if replayed else 0.0})
+        if records and records[0].allow_missing:  # R3: the shards' replays of every owner's micro-batch
+            trainer._log_metrics({"rollout/route_flip_fraction": flip_fraction(records, trainer.accelerator)})
         return result.loss.detach().clone().requires_grad_(True)
 
 

@@ -26,7 +26,7 @@ from trl_gptoss.trainer.loss_pass import LocalCollectives, LossPass
 from trl_gptoss.trainer.master_weights import MasterWeightsGuard
 from trl_gptoss.trainer.model_card import PAPER, card_model_name, rewrite_card
 from trl_gptoss.trainer.policy import load_policy, model_init_warning_dropped, resolve_aux_coef, switch_implementations
-from trl_gptoss.trainer.replay import routing_replay_for
+from trl_gptoss.trainer.replay import flip_fraction, routing_replay_for
 from trl_gptoss.trainer.resume import StopAndResume
 from trl_gptoss.trainer.rollouts import final_answer_completions, rollout_metrics, rollouts_to_trl
 from trl_gptoss.trainer.sampling import Sampler
@@ -110,7 +110,7 @@ class GptOssGRPOTrainer(GRPOTrainer):
         batch = self.sampler.sample(prompts, self.state.global_step, train=self.model.training)
         metrics = rollout_metrics(batch.rollouts, self.accelerator)
         if self.routing_replay is not None and self.routing_replay.allow_missing:  # R3: the engine's routes
-            metrics.update(self.routing_replay.keep(batch.rollouts))
+            metrics.update(self.routing_replay.keep(batch.rollouts, self.accelerator))
         if self.sampler.overlaps:
             metrics["rollout/staleness"] = float(self.state.global_step - batch.version)
         self._log_metrics(metrics)
@@ -213,7 +213,7 @@ class GptOssGRPOTrainer(GRPOTrainer):
         )
         self._log_metrics(loss_pass.correct(logps, self.args))
         if routed is not None and routed.allow_missing:  # R3: how often the trainer's router disagrees
-            self._log_metrics({"rollout/route_flip_fraction": routed.flip_fraction})
+            self._log_metrics({"rollout/route_flip_fraction": flip_fraction([routed], loss_pass.collectives)})
         return logps, entropies, aux
 
     def _logps_outside_loss(self, model, *args, **kwargs):
