@@ -124,7 +124,13 @@ class ContextParallelRunner:
 
     @torch.no_grad()
     def score(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, model=None, head=None, *, routes=None,
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        model=None,
+        head=None,
+        *,
+        routes=None,
         route_replay=None,
     ):
         """Per-token log-probs ``[B, L]`` of this rank's batch without backward (old / reference log-probs);
