@@ -128,7 +128,11 @@ def test_backend_started_for_a_lora_model_serves_the_merged_copy_and_adapters_st
     model = lora_model()
     lora = [n for n, p in model.named_parameters() if "lora_" in n and p.requires_grad]
     args = SimpleNamespace(
-        rollout_backend="vllm_server", rollout_server_url=None, rollout_max_model_len=256, rollout_server_timeout=900
+        rollout_backend="vllm_server",
+        rollout_server_url=None,
+        rollout_max_model_len=256,
+        rollout_server_timeout=900,
+        routing_replay="off",
     )
     backend = ENGINE_KINDS["vllm_server"].build(args, model, harmony_tokenizer())
     try:

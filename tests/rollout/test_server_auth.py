@@ -175,7 +175,11 @@ def trainer_started(tiny_checkpoint):
 
     model = GptOssForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32, attn_implementation="eager")
     args = SimpleNamespace(
-        rollout_backend="vllm_server", rollout_server_url=None, rollout_max_model_len=256, rollout_server_timeout=900
+        rollout_backend="vllm_server",
+        rollout_server_url=None,
+        rollout_max_model_len=256,
+        rollout_server_timeout=900,
+        routing_replay="off",
     )
     saved = {k: os.environ.pop(k) for k in (SECRET_ENV, SECRET_FILE_ENV) if k in os.environ}
     built = ENGINE_KINDS["vllm_server"].build(args, model.eval(), harmony_tokenizer())

@@ -67,6 +67,9 @@ CORPUS = [
     ("seed-negative", {"seed": -1}, "seed"),
     ("warmstart-learning-rate-inf", {"warmstart_learning_rate": float("inf")}, "warmstart_learning_rate"),
     ("reward-weights-two-for-one-reward", {"reward_weights": [1.0, 0.5]}, "reward_weights"),
+    # routing replay (#33): an unknown mode; a mode the in-process engine cannot serve
+    ("routing-replay-unknown", {"routing_replay": "sometimes"}, "routing_replay"),
+    ("routing-replay-rollout-in-process", {"routing_replay": "rollout"}, "routing_replay"),
     # precision (a checkpoint path: the embedded model is fp32 and refuses every half type)
     ("fp16-over-bf16-weights", {"model_name_or_path": CHECKPOINT, "fp16": True, "task": "gsm8k"}, "fp16: true"),
 ]
@@ -167,3 +170,14 @@ def test_command_line_overrides_are_checked_too(tmp_path):
 def test_latest_without_a_checkpoint_is_a_fresh_start_and_the_demo_config_passes(tmp_path):
     job, training = parse_job_args(["--config", str(_write_config(tmp_path, {"resume_from_checkpoint": "latest"}))])
     assert training.resume_from_checkpoint == "latest" and job.num_prompts == 512
+
+
+@pytest.mark.parametrize("value, mode", [(False, "off"), ("off", "off"), (True, "old_logprob")])
+def test_routing_replay_as_written_before_its_modes_had_names(tmp_path, value, mode):
+    """A YAML's ``routing_replay: false`` (every shipped recipe had it) still parses; ``true`` keeps its meaning
+    (the check that it has something to replay then applies, as before)."""
+    changes = {"routing_replay": value}
+    if value is True:
+        changes["num_iterations"] = 2
+    _, training = parse_job_args(["--config", str(_write_config(tmp_path, changes))])
+    assert training.routing_replay == mode

@@ -21,8 +21,12 @@ def field_types(dataclass_types) -> dict[str, object]:
     hints: dict[str, object] = {}
     for cls in dataclass_types:
         resolved = typing.get_type_hints(cls)
+        also = getattr(cls, "YAML_ALSO", {})  # types a field's YAML value may have besides its annotation
         for f in fields(cls):
-            hints.setdefault(f.name, resolved.get(f.name, object))
+            hint = resolved.get(f.name, object)
+            for kind in also.get(f.name, ()):
+                hint = hint | kind
+            hints.setdefault(f.name, hint)
     return hints
 
 

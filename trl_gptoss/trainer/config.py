@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field, fields
+from typing import ClassVar
 
 from trl import GRPOConfig
 
@@ -56,6 +57,10 @@ class GptOssGRPOConfig(GRPOConfig):
     Generation never goes through TRL's ``use_vllm`` path: ``rollout_backend`` picks the trl-gptoss engine
     (``vllm serve`` servers over HTTP, or in-process transformers) and the multi-turn Harmony tool loop.
     """
+
+    # More types a YAML value may have than the annotation says; ``__post_init__`` maps them (the job's YAML type
+    # check reads this): ``routing_replay: true / false`` mean ``old_logprob`` / ``off``, as before the modes had names.
+    YAML_ALSO: ClassVar[dict[str, tuple[type, ...]]] = {"routing_replay": (bool,)}
 
     # -- TRL fields, re-defaulted (their meaning is TRL's) --------------------------------------------------
     max_tool_calling_iterations: int | None = field(

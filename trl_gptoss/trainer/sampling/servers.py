@@ -67,18 +67,25 @@ def start_server(args, model, tokenizer):
             raise RuntimeError("rank 0 could not start the vLLM rollout server; its log has the error")
         url, secret = box[0]
         return url, secret, None
+    extra_args = ["--enforce-eager"] if args.routing_replay == "rollout" else []  # route capture: no CUDA graphs
     tmp = tempfile.TemporaryDirectory(prefix="trl-gptoss-rollout-")
     path = Path(tmp.name)
-    save_merged_checkpoint(model, path)
-    tokenizer.save_pretrained(path)
-    server = VLLMServer(
-        path,
-        max_model_len=args.rollout_max_model_len,
-        startup_timeout=args.rollout_server_timeout,
-        remove_on_exit=[path],  # the model copy goes with the server, even if this process is killed
-        secret=new_secret(),
-        extra_args=["--enforce-eager"] if args.routing_replay == "rollout" else [],  # route capture: no CUDA graphs
-    )
+    try:
+        save_merged_checkpoint(model, path)
+        tokenizer.save_pretrained(path)
+        server = VLLMServer(
+            path,
+            max_model_len=args.rollout_max_model_len,
+            startup_timeout=args.rollout_server_timeout,
+            remove_on_exit=[path],  # the model copy goes with the server, even if this process is killed
+            secret=new_secret(),
+            extra_args=extra_args,
+        )
+    except BaseException:
+        tmp.cleanup()  # no server owns the copy yet
+        if distributed:
+            dist.broadcast_object_list([None], src=0)
+        raise
     release = _releaser(server, tmp)
     started = None
     try:
