@@ -3,6 +3,7 @@
 import glob
 import os
 import tempfile
+import time
 
 import pytest
 
@@ -111,3 +112,15 @@ def descendants(pid: int, ignore=()) -> list[int]:
                     out.append(child)
                 todo.append(child)
     return out
+
+
+def assert_no_call_process_left(before: set[int], grace: float = 2.0) -> None:
+    """No process of the sandbox uids and no descendant of this process beyond ``before`` (its descendants when
+    the case began), once the kernel has had ``grace`` seconds to tear the calls' PID namespaces down."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and (
+        processes_of_uids(sandbox_uid_range()) or descendants(os.getpid(), ignore=before)
+    ):
+        time.sleep(0.05)
+    assert processes_of_uids(sandbox_uid_range()) == [], "a sandboxed process outlived its call"
+    assert descendants(os.getpid(), ignore=before) == [], "a child of the test process outlived the call"

@@ -17,6 +17,7 @@ import pytest
 from tests.tools.helpers import (
     LAUNCHERS,
     TIGHT,
+    assert_no_call_process_left,
     descendants,
     own_call_dirs,
     own_cgroups,
@@ -57,13 +58,7 @@ def _nothing_left_behind():
     """After every case: no process of the sandbox uids, no new descendant of this process, no call dir."""
     before = set(descendants(os.getpid()))
     yield
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline and (
-        processes_of_uids(sandbox_uid_range()) or descendants(os.getpid(), ignore=before)
-    ):
-        time.sleep(0.05)  # the kernel tears a PID namespace down asynchronously
-    assert processes_of_uids(sandbox_uid_range()) == [], "a sandboxed process outlived its call"
-    assert descendants(os.getpid(), ignore=before) == [], "a child of the test process outlived the call"
+    assert_no_call_process_left(before)  # the kernel tears a PID namespace down asynchronously
     assert own_call_dirs() == [], "a call's temporary directory was not removed"
     assert own_cgroups() == [], "a call's cgroup was not removed"
 

@@ -15,7 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.tools.helpers import TIGHT, descendants, is_zygote, processes_of_uids, sandbox_for, sandbox_uid_range
+from tests.tools.helpers import (
+    TIGHT,
+    assert_no_call_process_left,
+    descendants,
+    is_zygote,
+    sandbox_for,
+)
 from trl_gptoss.tools import PythonSandbox, SandboxLimits, detect_isolation
 from trl_gptoss.tools.sandbox import preforked
 
@@ -35,13 +41,7 @@ def sandbox():
 def _nothing_left_behind():
     before = set(descendants(os.getpid()))
     yield
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline and (
-        processes_of_uids(sandbox_uid_range()) or descendants(os.getpid(), ignore=before)
-    ):
-        time.sleep(0.05)
-    assert processes_of_uids(sandbox_uid_range()) == [], "a sandboxed process outlived its call"
-    assert descendants(os.getpid(), ignore=before) == [], "a call's process outlived it"
+    assert_no_call_process_left(before)
 
 
 def _children(pid: int) -> list[int]:

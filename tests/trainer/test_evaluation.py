@@ -83,14 +83,6 @@ def test_a_run_with_evaluation_trains_exactly_as_one_without(taught, tokenizer, 
         trainer.close()
 
 
-@pytest.fixture(scope="module")
-def server(taught):
-    from trl_gptoss.rollout.server import VLLMServer
-
-    with VLLMServer(taught[1], max_model_len=1024) as running:
-        yield running
-
-
 @pytest.mark.vllm
 @pytest.mark.xdist_group("vllm")
 def test_evaluation_between_overlapped_steps_pushes_no_weights_under_a_running_batch(

@@ -81,14 +81,6 @@ def test_fsdp2_steps_equal_ddp_and_single_process_steps(taught_state, tmp_path):
     assert max(max(r["diff"]) for r in fsdp2) <= 1e-4  # sampler log-probs == trainer log-probs (fp32)
 
 
-@pytest.fixture(scope="module")
-def server(taught):
-    from trl_gptoss.rollout.server import VLLMServer
-
-    with VLLMServer(taught[1], max_model_len=1024) as running:
-        yield running
-
-
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.xdist_group("vllm")

@@ -64,14 +64,6 @@ def test_fsdp2_sp2_entropy_bonus_equals_fsdp2_without_sp(taught_state, tmp_path)
     _same_steps(sharded, plain, steps=2)
 
 
-@pytest.fixture(scope="module")
-def server(taught):
-    from trl_gptoss.rollout.server import VLLMServer
-
-    with VLLMServer(taught[1], max_model_len=1024) as running:
-        yield running
-
-
 @pytest.mark.vllm
 @pytest.mark.xdist_group("vllm")
 def test_fsdp2_sp2_replays_the_servers_routes(taught_state, tmp_path, server):

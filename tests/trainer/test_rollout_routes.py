@@ -17,14 +17,6 @@ from trl_gptoss.trainer import GptOssGRPOTrainer
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
 
 
-@pytest.fixture(scope="module")
-def server(taught):
-    from trl_gptoss.rollout.server import VLLMServer
-
-    with VLLMServer(taught[1], max_model_len=1024) as running:
-        yield running
-
-
 def _train(taught, tokenizer, tmp_path, server, routing_replay, **overrides):
     model = load_taught(taught[0])
     flips = flip_near_ties(model)

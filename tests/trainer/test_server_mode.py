@@ -31,14 +31,6 @@ AttentionInterface.register("sinkless", sdpa_attention_forward)
 AttentionMaskInterface.register("sinkless", sdpa_mask)
 
 
-@pytest.fixture(scope="module")
-def server(taught):
-    from trl_gptoss.rollout.server import VLLMServer
-
-    with VLLMServer(taught[1], max_model_len=1024) as running:
-        yield running
-
-
 def _trainer(model, tokenizer, tmp_path, server, calls, **overrides):
     args = grpo_args(tmp_path, rollout_backend="vllm_server", rollout_server_url=server.base_url, **overrides)
     return GptOssGRPOTrainer(
