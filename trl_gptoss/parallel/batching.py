@@ -64,11 +64,17 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None = Non
 
 
 def pad_to_multiple(values: torch.Tensor, multiple: int, fill: int) -> torch.Tensor:
-    """Right-pad a 1-D tensor with ``fill`` to a length divisible by ``multiple``."""
-    extra = -values.shape[0] % multiple
-    if extra == 0:
+    """Right-pad ``values`` along dim 0 with ``fill`` to a length divisible by ``multiple`` (per-token rows
+    ``[T, ...]`` keep their trailing shape, e.g. routes ``[T, layers, top_k]``)."""
+    return pad_rows(values, values.shape[0] + (-values.shape[0] % multiple), fill)
+
+
+def pad_rows(values: torch.Tensor, length: int, fill: int) -> torch.Tensor:
+    """Right-pad ``values`` along dim 0 with ``fill`` to ``length`` rows (``values`` itself when it has them)."""
+    extra = length - values.shape[0]
+    if extra <= 0:
         return values
-    return torch.cat([values, values.new_full((extra,), fill)])
+    return torch.cat([values, values.new_full((extra, *values.shape[1:]), fill)])
 
 
 def shard(values: torch.Tensor, rank: int, size: int) -> torch.Tensor:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from accelerate.utils import extract_model_from_parallel as _unwrap
 
 from trl_gptoss.parallel.attention import register_ulysses_attention, sharded_forward
-from trl_gptoss.parallel.batching import IGNORE_INDEX, pack_rows, pad_to_multiple, shard, unpack_token_values
+from trl_gptoss.parallel.batching import IGNORE_INDEX, pack_rows, pad_rows, pad_to_multiple, shard, unpack_token_values
 from trl_gptoss.parallel.comm import gather_lengths, gather_sequence, gather_sequence_no_grad
 from trl_gptoss.parallel.config import ContextParallelPlugin
 from trl_gptoss.parallel.groups import SequenceParallelGroup, build_sequence_parallel_group
@@ -185,14 +185,12 @@ class ContextParallelRunner:
         packed = routes[valid.to(routes.device)].to(torch.int32)  # row-major, as pack_rows packs the tokens
         _, layers, top_k = packed.shape
         longest = max(lengths)
-        padded = torch.cat([packed, packed.new_full((longest - len(packed), layers, top_k), -1)])
-        stacked = gather_sequence_no_grad(padded.reshape(1, longest, layers * top_k), self.sp)
-        members = []
-        for j in range(self.sp.size):
-            rows = stacked[j, : lengths[j]].reshape(lengths[j], layers, top_k)
-            pad = (-lengths[j]) % self.sp.size
-            members.append(torch.cat([rows, rows.new_full((pad, layers, top_k), -1)]))
-        return members
+        padded = pad_rows(packed, longest, -1).reshape(1, longest, layers * top_k)
+        stacked = gather_sequence_no_grad(padded, self.sp)
+        return [
+            pad_to_multiple(stacked[j, : lengths[j]].reshape(lengths[j], layers, top_k), self.sp.size, -1)
+            for j in range(self.sp.size)
+        ]
 
     def _routed(self, route_replay, member_routes, owner: int, model=None):
         """The owner's forward under ``route_replay`` with this rank's shard of its routes (or nothing)."""

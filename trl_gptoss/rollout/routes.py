@@ -2,12 +2,12 @@
 
 A route table is ``int16 [positions, layers, top_k]``; ``-1`` marks a position whose route the engine did not
 report (a prefix-cache hit whose blocks it no longer knew, a preempted request, the last token of a trajectory,
-which is never fed back). The
-vLLM worker captures them (``vllm_worker/gptoss_vllm_routes.py``); ``VLLMServerEngine`` asks for each request's
-table; here they are checked against the model's shape, merged over the turns of one conversation (a position
-keeps the route of the first request that computed it: later requests read that position's cached KV, so that
-is the route every later token saw). Positions served from the engine's prefix cache are filled by the worker
-from the request that computed them (a prompt a GRPO group shares is computed once, whichever process sent it).
+which is never fed back). The vLLM worker captures them (``vllm_worker/gptoss_vllm_routes.py``);
+``VLLMServerEngine`` asks for each request's table; here they are checked against the model's shape and merged
+over the turns of one conversation (a position keeps the route of the first request that computed it: later
+requests read that position's cached KV, so that is the route every later token saw). Positions served from the
+engine's prefix cache are filled by the worker from the request that computed them (a prompt a GRPO group shares
+is computed once, whichever process sent it).
 """
 
 from __future__ import annotations
@@ -63,8 +63,7 @@ def parse_routes(answer, shape: RouteShape, positions: int) -> tuple[torch.Tenso
         flat = np.frombuffer(base64.b64decode(answer["b64"], validate=True), dtype=np.int16)
     except (KeyError, TypeError, ValueError) as exc:
         return None, f"the route answer is malformed ({type(exc).__name__}: {exc})"
-    expected = [None, shape.layers, shape.top_k]
-    if len(dims) != 3 or dims[1:] != expected[1:] or flat.size != int(np.prod(dims)):
+    if len(dims) != 3 or dims[1:] != [shape.layers, shape.top_k] or flat.size != int(np.prod(dims)):
         wanted = f"[positions, {shape.layers}, {shape.top_k}]"
         return None, f"routes of shape {dims} ({flat.size} values) do not fit {wanted}"
     if dims[0] > positions:
@@ -72,9 +71,7 @@ def parse_routes(answer, shape: RouteShape, positions: int) -> tuple[torch.Tenso
     table = torch.from_numpy(flat.reshape(dims).copy())
     if table.numel() and (int(table.min()) < MISSING or int(table.max()) >= shape.num_experts):
         return None, f"expert ids outside [0, {shape.num_experts}) in the route answer"
-    if dims[0] < positions:
-        table = torch.cat([table, torch.full((positions - dims[0], *dims[1:]), MISSING, dtype=torch.int16)])
-    return table, None
+    return _padded(table, positions), None
 
 
 class TrajectoryRoutes:
@@ -102,13 +99,15 @@ class TrajectoryRoutes:
 
     def finish(self, positions: int) -> torch.Tensor | None:
         """The table over ``positions`` (prompt + completion), ``-1`` where no request routed a position."""
-        if self.table is None:
-            return None
-        table = self.table[:positions]
-        missing = positions - table.shape[0]
-        if missing:
-            table = torch.cat([table, torch.full((missing, *table.shape[1:]), MISSING, dtype=torch.int16)])
+        return None if self.table is None else _padded(self.table[:positions], positions)
+
+
+def _padded(table: torch.Tensor, positions: int) -> torch.Tensor:
+    """``table`` with rows of ``-1`` appended up to ``positions``."""
+    missing = positions - table.shape[0]
+    if missing <= 0:
         return table
+    return torch.cat([table, torch.full((missing, *table.shape[1:]), MISSING, dtype=table.dtype)])
 
 
 def missing_counts(tables: list[torch.Tensor | None], lengths: list[int]) -> tuple[int, int]:

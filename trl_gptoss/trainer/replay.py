@@ -4,8 +4,8 @@
   experts, the loss pass replays them.
 - ``routing_replay: rollout`` (``RolloutRouteReplay``, R3): the rollout engine reported its routers' experts for
   every position (``trl_gptoss.rollout.routes``); they are aligned to TRL's padded batch and replayed in the
-  old-log-prob pass (when one runs) and the loss pass. Positions without a route (padding, prefix-cache hits the
-  batch could not fill, the in-process engine) fall back to the router.
+  old-log-prob pass (when one runs) and the loss pass. Positions without a route (padding, the last token of a
+  trajectory, a preempted request, a prefix-cache block the server no longer knew) fall back to the router.
 
 Either way the record travels with the batch as ``routing_indices: [B, L, num_layers, top_k]``, so TRL's
 shuffle and split of the generation batch (dim 0) keep every row's experts with the row. Replay pins the expert
