@@ -242,6 +242,7 @@ def test_cli_serves_and_death_mid_rollout_is_a_bounded_error(tiny_checkpoint):
         if cli.poll() is None:
             os.killpg(cli.pid, signal.SIGKILL)
         cli.wait()
+        cli.stdout.close()  # else its GC warns (ResourceWarning) inside whichever test runs then
 
 
 def _child_groups(pid: int) -> set[int]:

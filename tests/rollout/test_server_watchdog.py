@@ -74,6 +74,7 @@ def test_sigkill_of_the_parent_kills_the_server_group_and_removes_its_files(tmp_
     finally:
         parent.kill()
         parent.wait()
+        parent.stdout.close()  # else its GC warns (ResourceWarning) inside whichever test runs then
         for pid in live_group_members(pgid):
             os.kill(pid, signal.SIGKILL)
 
@@ -90,6 +91,7 @@ def test_a_disarmed_watchdog_leaves_and_touches_nothing(tmp_path):
     finally:
         parent.kill()
         parent.wait()
+        parent.stdout.close()  # else its GC warns (ResourceWarning) inside whichever test runs then
         for pid in live_group_members(pgid):
             os.kill(pid, signal.SIGKILL)
 
