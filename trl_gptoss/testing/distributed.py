@@ -8,8 +8,10 @@ instead of leaving its peers blocked: peers time out on the 120 s collective tim
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -34,6 +36,16 @@ def set_rank_environment(rank: int, world: int) -> None:
     )
 
 
+class WorldFailed(RuntimeError):
+    """A rank raised, hung or died. ``signalled``: a rank died without a traceback (killed, segfault, abort; its
+    peers' errors may only follow from it), which a second run can tell apart from a failure of the code under
+    test."""
+
+    def __init__(self, message: str, signalled: bool):
+        super().__init__(message)
+        self.signalled = signalled
+
+
 def _entry(worker, rank, world_size, run_dir, args):
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
@@ -41,6 +53,8 @@ def _entry(worker, rank, world_size, run_dir, args):
 
     torch.set_num_threads(1)
     out = Path(run_dir)
+    # A fatal signal (segfault, abort from C++) skips the ``except`` below: the Python stacks go here instead.
+    faulthandler.enable(open(out / f"rank{rank}.fault", "w"))  # noqa: SIM115  (open until the process ends)
     try:
         dist.init_process_group(
             "gloo",
@@ -75,7 +89,31 @@ def launch(worker, world_size: int, run_dir: Path, *args, timeout: float = 300.0
         procs[rank].terminate()
         procs[rank].join(5)
     errors = {p.name: p.read_text() for p in sorted(run_dir.glob("rank*.err"))}
-    if errors or hung:
-        detail = "\n".join(f"--- {name}\n{text}" for name, text in errors.items())
-        raise RuntimeError(f"ranks {hung} still running after {timeout:.0f}s; failed ranks:\n{detail}")
+    # A rank killed by a signal (the OOM killer's SIGKILL, a segfault) writes neither a result nor a traceback:
+    # name it and its exit code rather than failing later on a missing rank file.
+    silent = {
+        rank: _exit_reason(proc.exitcode)
+        for rank, proc in enumerate(procs)
+        if rank not in hung and not (run_dir / f"rank{rank}.json").exists() and f"rank{rank}.err" not in errors
+    }
+    if errors or hung or silent:
+        detail = [f"ranks {hung} still running after {timeout:.0f}s (terminated)"] if hung else []
+        detail += [f"--- {name}\n{text}" for name, text in errors.items()]
+        detail += [
+            f"--- rank{rank}: {why}, no result or traceback{_fault(run_dir, rank)}" for rank, why in silent.items()
+        ]
+        raise WorldFailed("the gloo world failed:\n" + "\n".join(detail), signalled=bool(silent))
     return [json.loads((run_dir / f"rank{rank}.json").read_text()) for rank in range(world_size)]
+
+
+def _exit_reason(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        return f"killed by {signal.Signals(-exitcode).name}"
+    return f"exited with code {exitcode}"
+
+
+def _fault(run_dir: Path, rank: int) -> str:
+    """What ``faulthandler`` wrote for ``rank`` (the Python stacks at a fatal signal), if anything."""
+    path = run_dir / f"rank{rank}.fault"
+    text = path.read_text(errors="replace").strip() if path.exists() else ""
+    return f"; its fatal-signal stacks:\n{text}" if text else ""
