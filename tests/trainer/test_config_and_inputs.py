@@ -305,6 +305,22 @@ def test_dataset_row_missing_a_field_is_named(tokenizer, tmp_path):
         )
 
 
+def test_reward_weights_of_the_wrong_count_are_refused_before_the_model_loads(tokenizer, tmp_path):
+    """TRL counts them only after loading the model (minutes for gpt-oss-120b); here the model path does not even
+    exist, so any other order would fail on the load instead."""
+    with pytest.raises(
+        ValueError, match=r"reward_weights has 1 weights, but there are 2 reward functions \(reward_ok, reward_nan\)"
+    ):
+        GptOssGRPOTrainer(
+            str(tmp_path / "never-loaded"),
+            [reward_ok, reward_nan],
+            args=grpo_args(tmp_path, reward_weights=[1.0]),
+            train_dataset=prompt_dataset([0]),
+            processing_class=tokenizer,
+            tools=[],
+        )
+
+
 @pytest.mark.parametrize(
     "reward, match",
     [

@@ -15,6 +15,7 @@ from pathlib import Path
 from trl_gptoss.data.tasks import TASKS
 from trl_gptoss.scripts.grpo_arguments import EMBEDDED_MODEL, JobArguments
 from trl_gptoss.scripts.grpo_eval import eval_problems
+from trl_gptoss.trainer.checks import reward_name, reward_weights_problem
 from trl_gptoss.trainer.resume import resume_problem
 from trl_gptoss.trainer.sampling.servers import server_url_problems
 
@@ -109,12 +110,9 @@ def _task_problems(job: JobArguments, training) -> list[str]:
             f"task={job.task!r} is generated, not downloaded: drop dataset_source=hub or pick a task with a Hub "
             f"dataset ({', '.join(name for name, t in TASKS.items() if t.hub is not None)})"
         )
-    weights = training.reward_weights
-    if weights is not None and len(weights) != 1:  # the job trains on the task's one reward function
-        problems.append(
-            f"reward_weights has {len(weights)} weights, but task={job.task!r} has one reward function: give one "
-            "weight (reward_weights: [1.0]) or drop reward_weights"
-        )
+    # the job trains on the task's one reward function
+    if problem := reward_weights_problem(training.reward_weights, [reward_name(task.reward)]):
+        problems.append(f"task={job.task!r}: {problem}")
     missing = [tool for tool in task.tools if tool not in (training.tool_names or [])]
     if missing:
         names = ", ".join(missing)

@@ -171,13 +171,38 @@ def check_world(num_processes: int, environ=None) -> None:
         )
 
 
-def checked_rewards(reward_funcs, train_dataset, eval_dataset=None) -> list | None:
+def reward_weights_problem(weights, reward_names: list[str]) -> str | None:
+    """Why ``reward_weights`` cannot weight the reward functions ``reward_names``, or None (no weights: TRL
+    weighs each 1.0). The job's config check and the library trainer share it; TRL itself raises on the count
+    only once the model has loaded."""
+    if weights is None or len(weights) == len(reward_names):
+        return None
+    functions = f"{len(reward_names)} reward function{'s' if len(reward_names) != 1 else ''}"
+    return (
+        f"reward_weights has {len(weights)} weights, but there {'is' if len(reward_names) == 1 else 'are'} "
+        f"{functions} ({', '.join(reward_names)}): give one weight per function, in their order, or drop "
+        "reward_weights"
+    )
+
+
+def reward_name(reward_func) -> str:
+    """The name TRL logs a reward under: a function's ``__name__``, a reward model's config name."""
+    if hasattr(reward_func, "__name__"):
+        return reward_func.__name__
+    name = getattr(getattr(reward_func, "config", None), "_name_or_path", None)
+    return str(name).split("/")[-1] if name else str(reward_func)
+
+
+def checked_rewards(reward_funcs, train_dataset, eval_dataset=None, weights=None) -> list | None:
     """The trainer's reward functions as a list, each wrapped by ``checked_reward``, after checking that the
-    datasets have every column they take beyond what rollouts supply. Evaluation rows that name a ``task`` are
-    graded by that task's reward instead, so their columns are the task's affair."""
+    datasets have every column they take beyond what rollouts supply and that ``weights`` (``reward_weights``)
+    has one weight per function. Evaluation rows that name a ``task`` are graded by that task's reward instead,
+    so their columns are the task's affair."""
     if reward_funcs is None:
         return None
     reward_funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
+    if problem := reward_weights_problem(weights, [reward_name(f) for f in reward_funcs]):
+        raise ValueError(problem)
     required = sorted({c for f in reward_funcs for c in required_reward_columns(f)} - set(ROLLOUT_COLUMNS))
     check_dataset(train_dataset, required)
     named = eval_dataset.items() if isinstance(eval_dataset, dict) else [("", eval_dataset)]

@@ -63,7 +63,7 @@ class GptOssGRPOTrainer(GRPOTrainer):
         args = args if args is not None else GptOssGRPOConfig("trl-gptoss-grpo")
         if not isinstance(args, GptOssGRPOConfig):
             raise ValueError(f"args must be a GptOssGRPOConfig, got {type(args).__name__}")
-        reward_funcs = checked_rewards(reward_funcs, train_dataset, kwargs.get("eval_dataset"))
+        reward_funcs = checked_rewards(reward_funcs, train_dataset, kwargs.get("eval_dataset"), args.reward_weights)
         resolve_aux_coef(args, model)
         model = load_policy(model, args)
         with model_init_warning_dropped():
