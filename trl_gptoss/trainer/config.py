@@ -263,9 +263,8 @@ class GptOssGRPOConfig(GRPOConfig):
                 )
             if not self.rollout_server_url:
                 raise ValueError("rollout_server_url is an empty list; give at least one URL or null to start one")
-            self.rollout_server_url = server_urls(self.rollout_server_url)  # one URL, "a,b" or a list; no repeats
-            for url in self.rollout_server_url:
-                check.server_url("rollout_server_url", url)
+            # one URL, "a,b" or a list; each entry checked (scheme, host, port, no path or credentials), no repeats
+            self.rollout_server_url = server_urls(self.rollout_server_url)
         check.positive_int(
             "rollout_max_model_len", self.rollout_max_model_len, minimum=2, maximum=check.MAX_CONTEXT_TOKENS
         )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import reprlib
-from urllib.parse import urlsplit
 
 # TRL 1.16's GRPO losses (``GRPOTrainer._compute_loss``); an unknown name fails there only at the first step.
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo")
@@ -68,19 +67,6 @@ def finite_numbers(name: str, values, *, allow_none: bool = False) -> None:
         return
     if not isinstance(values, (list, tuple)) or not all(_is_number(v) and math.isfinite(v) for v in values):
         raise ValueError(f"{name} must be a list of finite numbers, got {shown(values)}")
-
-
-def server_url(name: str, url) -> None:
-    """An ``http(s)://host[:port][/path]`` URL with a host and, if given, a valid port."""
-    if not isinstance(url, str):
-        raise ValueError(f"{name} must be a URL string such as http://127.0.0.1:8000, got {url!r}")
-    parts = urlsplit(url)
-    try:
-        port_ok = parts.port is None or 0 < parts.port < 65536
-    except ValueError:
-        port_ok = False
-    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
-        raise ValueError(f"{name} entry {url!r} is not an http(s)://HOST[:PORT] URL (e.g. http://127.0.0.1:8000)")
 
 
 def one_of(name: str, value, choices) -> None:
