@@ -102,7 +102,7 @@ def test_fsdp2_push_gathers_exact_full_tensors_on_rank0_only(tmp_path, lora):
 def test_server_checkpoint_is_a_merged_copy_and_the_adapters_keep_training(tmp_path):
     from transformers import GptOssForCausalLM
 
-    from trl_gptoss.trainer.sampling.servers import save_merged_checkpoint
+    from trl_gptoss.rollout.weights.merged_checkpoint import save_merged_checkpoint
 
     model = lora_model()
     lora = [n for n, p in model.named_parameters() if "lora_" in n and p.requires_grad]

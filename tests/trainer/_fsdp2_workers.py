@@ -107,6 +107,7 @@ def train_rank(rank: int, world: int, layout: str, state_path: str, output_dir: 
     peft_config = lora_config() if overrides.pop("lora", False) else None
     check_sync_after_push = overrides.pop("check_sync_after_push", False)
     flip_routes = overrides.pop("flip_near_ties", False)  # routers that disagree with the engine on near-ties
+    save_final = overrides.pop("save_final", False)  # the job's final save_model, beside the trained tensors
     args = _args(output_dir, layout, per_rank_batch, **overrides)
     with fsdp2_on_cpu() if layout == "fsdp2" else contextlib.nullcontext():
         trainer = GptOssGRPOTrainer(
@@ -142,6 +143,8 @@ def train_rank(rank: int, world: int, layout: str, state_path: str, output_dir: 
 
         check_after_every_push(trainer, sync_reports)
     trainer.train(resume_from_checkpoint=resume_from)
+    if save_final:
+        _save_final(trainer, output_dir)
     return {
         "steps": [h["step"] for h in trainer.state.log_history if "loss" in h],
         "distributed_type": str(trainer.accelerator.distributed_type),
@@ -156,6 +159,22 @@ def train_rank(rank: int, world: int, layout: str, state_path: str, output_dir: 
         "pid": os.getpid(),
         "sync_reports": sync_reports,
     }
+
+
+def _save_final(trainer, output_dir: str) -> None:
+    """``trainer.save_model()`` as the job calls it after training, then, for the test to compare with, every
+    trainable tensor as trained (gathered; on rank 0: ``trained.pt``) and the names of the checkpoint shards."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    trainer.save_model()
+    trained = {}
+    for name, param in trainer.accelerator.unwrap_model(trainer.model).named_parameters():
+        if param.requires_grad:
+            full = param.full_tensor() if isinstance(param, DTensor) else param
+            trained[name] = full.detach().clone()
+    if trainer.args.should_save:
+        torch.save(trained, os.path.join(output_dir, "trained.pt"))
 
 
 def engine_rank(rank: int, world: int, budgets: list[int], direct: bool) -> dict:

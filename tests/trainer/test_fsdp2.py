@@ -150,6 +150,39 @@ def test_sharded_checkpoint_kill_after_step_2_then_resume_equals_uninterrupted(t
     assert full[0]["loss"][2] != full[0]["loss"][3]
 
 
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_final_save_under_sharded_checkpoints_writes_the_trained_model(taught_state, tmp_path, lora):
+    """Every FSDP2 recipe checkpoints with SHARDED_STATE_DICT, under which transformers' save_model writes no
+    weights: output_dir ended with a model card and neither weights nor config. The final save now gathers the
+    trained model (a LoRA run: its adapter) into output_dir; checkpoints keep their .distcp shards."""
+    from peft import PeftModel
+    from transformers import GptOssForCausalLM
+
+    from tests.trainer.helpers import load_taught
+    from trl_gptoss.testing.fsdp_cpu import fsdp_args
+
+    fields = dict(SGD, max_steps=1, save_strategy="steps", save_steps=1, lora=lora, save_final=True)
+    _run("fsdp2", taught_state, tmp_path, **fields, **fsdp_args("SHARDED_STATE_DICT"))
+    out = tmp_path / "fsdp2" / "out"
+    assert sorted(p.name for p in (out / "checkpoint-1").rglob("*.distcp")), "the checkpoint is no longer sharded"
+    trained = torch.load(out / "trained.pt", weights_only=True)
+    saved = sorted(p.name for p in out.iterdir())
+    assert "tokenizer_config.json" in saved and "training_args.bin" in saved, saved
+    if lora:
+        assert "adapter_config.json" in saved and "adapter_model.safetensors" in saved, saved
+        model = PeftModel.from_pretrained(load_taught(torch.load(taught_state, weights_only=True)), out)
+    else:
+        assert "config.json" in saved and "model.safetensors.index.json" in saved, saved
+        model = GptOssForCausalLM.from_pretrained(out, dtype="auto")
+    loaded = dict(model.named_parameters())
+    if lora:
+        assert trained and all("lora_" in n for n in trained), sorted(trained)
+    else:
+        assert sorted(trained) == sorted(loaded)
+    differ = [n for n, t in trained.items() if not torch.equal(loaded[n].detach(), t)]
+    assert differ == [], differ  # bit for bit, in the dtype it trained in (the config says which)
+
+
 @pytest.mark.slow
 def test_lora_on_attention_and_experts_under_fsdp2_equals_one_process(taught_state, tmp_path):
     """Adapters train sharded; each push merges them into the engine's replica (sampler == trainer log-probs)."""

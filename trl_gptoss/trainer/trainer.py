@@ -19,6 +19,7 @@ import trl_gptoss  # noqa: F401  (registers fa3_sink and gptoss_sequential)
 from trl_gptoss.tools import build_tools
 from trl_gptoss.trainer.checks import check_world, checked_rewards
 from trl_gptoss.trainer.config import GptOssGRPOConfig
+from trl_gptoss.trainer.final_save import save_gathered, writes_no_weights
 from trl_gptoss.trainer.fsdp_precision import keep_outputs_as_computed
 from trl_gptoss.trainer.held_out import evaluate_held_out
 from trl_gptoss.trainer.logprob_head import replace_fused_heads
@@ -248,6 +249,15 @@ class GptOssGRPOTrainer(GRPOTrainer):
             return super().train(*args, **kwargs)
         finally:
             self.sampler.end_run()  # nothing sampled for this run outlives it; a resume pushes afresh
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """transformers' save, except the final one under sharded FSDP checkpoints, where it writes no weights
+        (``final_save``); a checkpoint's own save stays transformers' (``.distcp`` shards, what resuming reads)."""
+        if _internal_call or not writes_no_weights(self):
+            return super().save_model(output_dir, _internal_call)
+        save_gathered(self, output_dir if output_dir is not None else self.args.output_dir)
+        if self.args.push_to_hub:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
     def close(self) -> None:
         """Stop the background generation and a vLLM server this trainer started (also done at exit)."""

@@ -57,6 +57,7 @@ def start_server(args, model, tokenizer):
 
     from trl_gptoss.rollout.server import VLLMServer
     from trl_gptoss.rollout.server_secret import new_secret
+    from trl_gptoss.rollout.weights.merged_checkpoint import save_merged_checkpoint
 
     distributed = dist.is_available() and dist.is_initialized()
     if distributed and dist.get_rank() != 0:
@@ -106,32 +107,3 @@ def _releaser(server, tmp: tempfile.TemporaryDirectory):
             tmp.cleanup()
 
     return release
-
-
-def save_merged_checkpoint(model, path: Path | None) -> None:
-    """Write ``model`` as a transformers checkpoint at ``path``: its config and one safetensors file per
-    ``push_layers`` group (adapters merged into copies, one layer in memory) plus the index. Collective under
-    ``torch.distributed`` (every rank calls it; rank 0, whose ``path`` is set, writes)."""
-    import copy
-    import json
-
-    from safetensors.torch import save_file
-
-    from trl_gptoss.rollout.weights.names import unwrap
-    from trl_gptoss.rollout.weights.push import push_layers
-
-    weight_map = {}
-    for number, layer in enumerate(push_layers(model, to_rank=0), start=1):
-        name = f"model-{number:05d}.safetensors"
-        save_file({n: t.contiguous() for n, t in layer}, str(path / name), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys((n for n, _ in layer), name))
-        del layer
-    if path is None:
-        return
-    base = unwrap(model, peft=True)
-    config = copy.deepcopy(base.config)
-    config.architectures = [type(base).__name__]  # what vLLM picks the model class (and its tasks) by
-    config.save_pretrained(path)
-    if getattr(base, "generation_config", None) is not None:
-        base.generation_config.save_pretrained(path)
-    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
