@@ -69,6 +69,13 @@ def test_a_directory_without_config_is_not_a_checkpoint(tmp_path, capsys):
     assert f"--model {tmp_path} has no config.json" in _refused(capsys, ["--model", str(tmp_path), "--task", "gsm8k"])
 
 
+def test_a_lora_runs_adapter_is_named_with_its_base_and_what_to_do(tmp_path, capsys):
+    """A LoRA run's output_dir holds the adapter only (TRL's save, and the final save under FSDP2)."""
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "openai/gpt-oss-20b"}))
+    err = _refused(capsys, ["--model", str(tmp_path), "--task", "gsm8k"])
+    assert f"--model {tmp_path} is a PEFT adapter (over openai/gpt-oss-20b), not a checkpoint: merge it" in err
+
+
 @pytest.mark.parametrize(
     "argv, named",
     [

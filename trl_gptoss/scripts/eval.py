@@ -61,8 +61,7 @@ def check_arguments(args) -> list[str]:
     if args.max_turns < 1:
         problems.append(f"--max-turns {args.max_turns}: give the assistant turns allowed per conversation, >= 1")
     if args.model is not None and not Path(args.model, "config.json").is_file():
-        what = "does not exist" if not Path(args.model).exists() else "has no config.json"
-        problems.append(f"--model {args.model} {what}: give a checkpoint directory (config.json + safetensors)")
+        problems.append(_model_problem(Path(args.model)))
     if args.server is not None and args.vllm_args:
         problems.append(f"vLLM flags {args.vllm_args} configure the server --model starts; with --server, drop them")
     task = _task_row(args.task)
@@ -73,6 +72,23 @@ def check_arguments(args) -> list[str]:
         return problems
     problems += _dataset_problems(args, task)
     return problems
+
+
+def _model_problem(model: Path) -> str:
+    """Why ``--model`` (a path without ``config.json``) is not a checkpoint the server can start from."""
+    adapter = model / "adapter_config.json"
+    if adapter.is_file():  # a LoRA run's output_dir: the adapter alone
+        try:
+            base = json.loads(adapter.read_text()).get("base_model_name_or_path") or "its base model"
+        except (OSError, ValueError, AttributeError):
+            base = "its base model"
+        return (
+            f"--model {model} is a PEFT adapter (over {base}), not a checkpoint: merge it into the base first "
+            "(peft: PeftModel.from_pretrained(base, dir).merge_and_unload().save_pretrained(merged)) and pass "
+            "the merged directory"
+        )
+    what = "does not exist" if not model.exists() else "has no config.json"
+    return f"--model {model} {what}: give a checkpoint directory (config.json + safetensors)"
 
 
 def _split(args, task) -> str:
