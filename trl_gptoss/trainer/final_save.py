@@ -31,10 +31,10 @@ def writes_no_weights(trainer) -> bool:
 
 def save_gathered(trainer, output_dir: str) -> None:
     """Write the trained model (or adapter), its tokenizer and the training arguments to ``output_dir``.
-    Collective: every rank calls it; the process that saves (``args.should_save``) writes."""
+    Collective: every rank calls it; the global main process, which the gathers deliver to, writes."""
     from trl_gptoss.rollout.weights.merged_checkpoint import save_merged_checkpoint
 
-    writer = trainer.args.should_save
+    writer = trainer.accelerator.is_main_process
     path = Path(output_dir)
     if writer:
         path.mkdir(parents=True, exist_ok=True)
@@ -58,7 +58,7 @@ def _is_peft(model) -> bool:
 
 
 def _trained_dtype(model) -> torch.dtype:
-    """The widest dtype among the trained parameters: what the config says, so that ``dtype="auto"`` loads every
+    """The widest dtype among the model's parameters: what the config says, so that ``dtype="auto"`` loads every
     saved tensor without rounding (bf16 weights keep their norms in fp32: ``_keep_in_fp32_modules``)."""
     dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
     return max(dtypes, key=lambda dtype: torch.finfo(dtype).bits)
