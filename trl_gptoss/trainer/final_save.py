@@ -42,7 +42,7 @@ def save_gathered(trainer, output_dir: str) -> None:
     if _is_peft(model):
         _save_adapter(model, path if writer else None)
     else:
-        save_merged_checkpoint(model, path if writer else None, config_dtype=_trained_dtype(model))
+        save_merged_checkpoint(model, path if writer else None, config_dtype=_widest_dtype(model))
     if writer:
         if trainer.processing_class is not None:
             trainer.processing_class.save_pretrained(output_dir)
@@ -57,7 +57,7 @@ def _is_peft(model) -> bool:
     return isinstance(model, PeftModel)
 
 
-def _trained_dtype(model) -> torch.dtype:
+def _widest_dtype(model) -> torch.dtype:
     """The widest dtype among the model's parameters: what the config says, so that ``dtype="auto"`` loads every
     saved tensor without rounding (bf16 weights keep their norms in fp32: ``_keep_in_fp32_modules``)."""
     dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
