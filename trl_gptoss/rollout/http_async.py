@@ -21,7 +21,7 @@ digits only. A connection goes back to the pool only when nothing is left unread
 declared body, a body after a ``204``): such bytes would be read as the answer to the next request. A
 kept-alive connection that the server closed while idle is replaced once, silently, by a fresh one.
 
-The deadline is ``asyncio.timeout`` (Python 3.10: ``asyncio.wait``), not ``asyncio.wait_for``: on CPython 3.11
+The deadline is ``asyncio.timeout``, not ``asyncio.wait_for``: on CPython 3.11
 and older, ``wait_for`` returns the inner result when a cancellation lands in the same loop iteration as the data
 it was waiting for (gh-86296), so a cancelled rollout went on with its next turn. Under load that coincidence is
 common: Ctrl-C during generation left the CPU demo running for a minute, every conversation whose answer was
@@ -37,7 +37,6 @@ import asyncio
 import contextlib
 import json
 import ssl
-import sys
 import threading
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -51,28 +50,9 @@ _HEX = frozenset("0123456789abcdefABCDEF")
 
 async def within(awaitable, seconds: float):
     """``await awaitable``, raising ``TimeoutError`` after ``seconds``; a cancellation of the caller always
-    propagates (``asyncio.wait_for`` can swallow it on CPython < 3.12, see the module docstring)."""
-    if sys.version_info >= (3, 11):
-        async with asyncio.timeout(seconds):
-            return await awaitable
-    return await within_by_wait(awaitable, seconds)  # 3.10 has no asyncio.timeout
-
-
-async def within_by_wait(awaitable, seconds: float):
-    """``within`` for Python 3.10: ``asyncio.wait`` never swallows the caller's cancellation; the inner task is
-    cancelled and awaited before this returns or raises, so nothing keeps reading the connection."""
-    task = asyncio.ensure_future(awaitable)
-    try:
-        done, _ = await asyncio.wait({task}, timeout=seconds)
-    except asyncio.CancelledError:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        raise
-    if not done:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        raise asyncio.TimeoutError
-    return task.result()
+    propagates (``asyncio.wait_for`` can swallow it on CPython 3.11, see the module docstring)."""
+    async with asyncio.timeout(seconds):
+        return await awaitable
 
 
 class HTTPTransportError(ConnectionError):
@@ -182,7 +162,7 @@ class AsyncHTTPClient:
         async with pool.slots:
             try:
                 return await within(self._send(pool, data, method, url, max_body), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise HTTPTransportError(f"{url}: no complete answer within {timeout} s") from None
 
     async def _send(self, pool: _Pool, data: bytes, method: str, url: str, max_body: int) -> Response:
@@ -253,7 +233,7 @@ class AsyncHTTPClient:
                 asyncio.open_connection(self.host, self.port, ssl=self.ssl, limit=_HEAD_LIMIT),
                 self.connect_timeout,
             )
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise HTTPTransportError(f"{url}: no connection within {self.connect_timeout} s") from None
         except OSError as exc:
             raise HTTPTransportError(f"{url}: cannot connect: {exc}") from exc

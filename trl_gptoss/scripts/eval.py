@@ -223,7 +223,7 @@ def _settings(args, served: dict, tools, config) -> dict:
         "max_turns": config.max_turns,
         "tools": [tool.name for tool in tools],
         "trl_gptoss_version": importlib.metadata.version("trl-gptoss"),
-        "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
 
 
