@@ -10,6 +10,7 @@ import asyncio
 import base64
 import json
 import os
+import subprocess
 
 import pytest
 import torch
@@ -146,6 +147,80 @@ def test_a_bind_other_machines_reach_needs_a_secret(tiny_checkpoint, host, monke
         VLLMServer(tiny_checkpoint, device="cpu", host=loopback)
 
 
+REACH_SPELLINGS = [
+    (["--host", "0.0.0.0"], "--host", "use --host"),
+    (["--host=0.0.0.0"], "--host", "use --host"),
+    (["--hos", "0.0.0.0"], "--host", "use --host"),  # argparse takes a unique prefix
+    (["--port", "8001"], "--port", "use --port"),
+    (["--uds", "/tmp/vllm.sock"], "--uds", "use --host"),
+    (["--middleware", "my.Middleware"], "--middleware", "use --secret-file"),
+    (["--api_key", "k"], "--api-key", "use --secret-file"),  # vLLM reads underscores as dashes
+    (["--api-key=k"], "--api-key", "use --secret-file"),
+    (["--config", "serve.yaml"], "--config", "use the flags themselves"),
+    (["--allowed-origins", '["*"]'], "--allowed-origins", "no option of ours sets it"),
+    (["--ssl-keyfile", "k.pem"], "--ssl-keyfile", "no option of ours"),
+    (["--worker-extension-cls", "x.Y"], "--worker-extension-cls", "no option of ours"),
+    (["--kv-transfer-config.kv_ip=0.0.0.0"], "--kv-transfer-config", "no option of ours"),
+    (["-dpa", "0.0.0.0"], "--data-parallel-address", "no option of ours"),
+]
+
+
+@pytest.mark.parametrize(
+    "extra, flag, instead", [pytest.param(*case, id=" ".join(case[0])) for case in REACH_SPELLINGS]
+)
+def test_pass_through_flags_cannot_change_who_reaches_the_server(tiny_checkpoint, extra, flag, instead, capsys):
+    """vLLM keeps the last of a repeated flag, so a pass-through ``--host 0.0.0.0`` would bind every interface
+    with no secret: refused in ``VLLMServer`` and in ``vllm-serve``, naming the option of ours to use."""
+    from trl_gptoss.cli import main
+
+    with pytest.raises(ValueError, match="not accepted among the pass-through flags") as refused:
+        VLLMServer(tiny_checkpoint, device="cpu", extra_args=["--enable-prefix-caching", *extra])
+    assert flag in str(refused.value) and instead in str(refused.value)
+    command = ["vllm-serve", "--model", str(tiny_checkpoint), "--device", "cpu", "--", *extra]
+    assert main(command) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("trl-gptoss vllm-serve: the vLLM flag") and flag in error and instead in error
+
+
+def test_other_pass_through_flags_still_reach_vllm(tiny_checkpoint):
+    extra = ["--enable-prefix-caching", "--served-model-name", "host", "--no-allow-credentials", "--max-logprobs=5"]
+    server = VLLMServer(tiny_checkpoint, device="cpu", extra_args=extra)
+    start = server.command.index(extra[0])
+    assert server.command[start : start + len(extra)] == extra
+    assert server.command.count("--host") == 1 and server.command.count("--port") == 1
+
+
+def test_the_refused_flags_are_the_ones_vllms_parser_reads(tmp_path):
+    """In the server's interpreter: every refused spelling sets the guarded option in vLLM's own parser, every
+    guarded flag exists there, and no other flag of vLLM's is refused."""
+    from trl_gptoss.rollout import server_flags
+    from trl_gptoss.rollout.server import vllm_python
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import importlib.util, json, sys\n"
+        "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
+        "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+        "spec = importlib.util.spec_from_file_location('server_flags', sys.argv[1])\n"
+        "flags = importlib.util.module_from_spec(spec); spec.loader.exec_module(flags)\n"
+        "parser = make_arg_parser(FlexibleArgumentParser())\n"
+        "options = {o: a.dest for a in parser._actions for o in a.option_strings}\n"
+        "missing = [f for f in flags.GUARDED_FLAGS if f not in options]\n"
+        "wrongly = [o for o in options if o.startswith('--') and o not in flags.GUARDED_FLAGS\n"
+        "           and flags.guarded_flag(o)]\n"
+        "spellings = {'--hos': '--host', '--api_key': '--api-key', '-dpa': '--data-parallel-address'}\n"
+        "read_as = {s: options[g] for s, g in spellings.items()\n"
+        "           if vars(parser.parse_args(['--model', 'm', s, 'v'])).get(options[g]) in ('v', ['v'])}\n"
+        "print(json.dumps({'missing': missing, 'wrongly': wrongly, 'read_as': sorted(read_as)}))\n"
+    )
+    out = subprocess.run(
+        [str(vllm_python()), str(probe), server_flags.__file__], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found == {"missing": [], "wrongly": [], "read_as": ["--api_key", "--hos", "-dpa"]}
+
+
 def test_the_worker_reads_only_push_files(tmp_path):
     from safetensors.torch import save_file
 
@@ -223,6 +298,33 @@ def test_unauthenticated_loads_pauses_and_resets_are_refused_and_change_nothing(
             assert answer.status == 401, f"{method} {path} with secret={secret!r}: HTTP {answer.status}"
     assert _raw(url, "GET", "/is_paused").json() == {"is_paused": False}
     assert engine.score(sequence) == before, "an unauthenticated call moved the served log-probs"
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """The local addresses of this host's TCP sockets listening on ``port`` (``/proc/net/tcp`` and ``tcp6``)."""
+    import ipaddress
+
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as rows:
+            for row in list(rows)[1:]:
+                local, state = row.split()[1], row.split()[3]
+                address, hex_port = local.split(":")
+                if state != "0A" or int(hex_port, 16) != port:  # 0A: LISTEN
+                    continue
+                raw = bytes.fromhex(address)  # the kernel prints each 32-bit word in host (little-endian) order
+                words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+                found.add(str(ipaddress.ip_address(words)))
+    return found
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.xdist_group("vllm")
+def test_the_started_server_listens_on_loopback_only(trainer_started):
+    engine, _ = trainer_started
+    port = int(engine.base_url.rsplit(":", 1)[1].strip("/"))
+    assert _listening_addresses(port) == {"127.0.0.1"}, "the server must bind loopback when it has no host of ours"
 
 
 @pytest.mark.vllm

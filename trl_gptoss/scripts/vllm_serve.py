@@ -6,7 +6,9 @@
 (0, 1]); a bad one is a one-line message and exit code 2, not a traceback. The weight, pause and cache routes
 need the secret from ``--secret-file`` (or ``$TRL_GPTOSS_SERVER_SECRET`` / ``$TRL_GPTOSS_SERVER_SECRET_FILE``);
 without one the server binds loopback only: a ``--host`` other machines can reach is refused, naming
-``--secret-file``.
+``--secret-file``. Flags after ``--`` that would change who may reach or control the server (``--host``,
+``--port``, ``--middleware``, ``--api-key``, ...) are refused, naming the option of ours to use
+(``rollout/server_flags.py``).
 """
 
 from __future__ import annotations
@@ -172,6 +174,7 @@ def register(sub) -> None:
     serve.add_argument(
         "vllm_args",
         nargs=argparse.REMAINDER,
-        help="after `--`: extra flags passed to vLLM (e.g. `--moe-backend NAME` replaces the GPU default triton)",
+        help="after `--`: extra flags passed to vLLM (e.g. `--moe-backend NAME` replaces the GPU default triton); "
+        "flags that set the server's reach (--host, --port, --middleware, --api-key, ...) are refused: use ours",
     )
     serve.set_defaults(func=_cmd_vllm_serve)
