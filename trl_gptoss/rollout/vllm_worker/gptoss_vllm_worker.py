@@ -33,8 +33,10 @@ from safetensors.torch import load_file
 
 try:  # the server's interpreter: this directory is on its path, trl_gptoss is not installed there
     from gptoss_vllm_routes import RouteCapture
+    from gptoss_vllm_transfer import TransferError, WeightGroup
 except ImportError:  # imported as part of trl_gptoss (tests, the pushers' name rules)
     from trl_gptoss.rollout.vllm_worker.gptoss_vllm_routes import RouteCapture
+    from trl_gptoss.rollout.vllm_worker.gptoss_vllm_transfer import TransferError, WeightGroup
 
 _LAYER_RE = re.compile(r"^(model\.layers\.\d+)\.")
 PUSH_FILE_RE = re.compile(r"gptoss-push-[A-Za-z0-9_]+\.safetensors")  # tempfile.mkstemp(prefix=, suffix=) names
@@ -77,11 +79,12 @@ class GptOssWeightSyncExtension(RouteCapture):
             with safe_open(str(file), "pt") as handle:
                 for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
                     layout[name] = list(handle.get_slice(name).get_shape())
-        transfer = getattr(self.vllm_config, "weight_transfer_config", None)
         return {
             "layout": layout,
             "dtype": str(self.vllm_config.model_config.dtype).removeprefix("torch."),
-            "weight_transfer_backend": getattr(transfer, "backend", None),
+            "device": self.device.type,
+            "gpu": str(torch.cuda.get_device_properties(self.device).uuid) if self.device.type == "cuda" else None,
+            "rank": _worker_rank(self),
         }
 
     def gptoss_start_reload(self) -> None:
@@ -120,15 +123,68 @@ class GptOssWeightSyncExtension(RouteCapture):
 
     def gptoss_load_weights(self, source: str) -> dict:
         """Apply one group of checkpoint-format tensors; ``source`` is JSON ``{"path": safetensors file}`` or
-        ``{"b64": base64 safetensors bytes}``. Inside a ``gptoss_start_reload`` session the group's tensors are
-        loaded into that session (sinks and experts refused); outside one, the group is reloaded on its own
-        (one session for this group) and its sinks/experts are written directly. Returns the names applied by
-        each route."""
-        self._gptoss_weights_changed()
+        ``{"b64": base64 safetensors bytes}`` (the file push). Returns what ``_gptoss_apply`` does."""
         started = time.perf_counter()
-        tensors = _read_source(source)
-        reload = [(n, t) for n, t in tensors.items() if not loads_directly(n)]
-        direct = [(n, t) for n, t in tensors.items() if loads_directly(n)]
+        return self._gptoss_apply(list(_read_source(source).items()), started)
+
+    # -- the process-group transfer (gptoss_vllm_transfer) ---------------------------------------------------
+    def gptoss_join_weight_group(self, spec: str) -> dict:
+        """Join the trainer's weight group: ``spec`` is JSON ``{backend, host, port, token, group_id,
+        rank_offset, world_size, timeout_s}``; this worker takes rank ``rank_offset + its rank in the server``.
+        Blocks until every rank has joined (or the timeout). A group this worker held before is left first."""
+        spec = json.loads(spec)
+        self.gptoss_leave_weight_group()
+        rank = int(spec["rank_offset"]) + _worker_rank(self)
+        self._gptoss_group = WeightGroup(
+            backend=spec["backend"],
+            host=spec["host"],
+            port=int(spec["port"]),
+            token=spec["token"],
+            rank=rank,
+            world_size=int(spec["world_size"]),
+            timeout_s=float(spec["timeout_s"]),
+            device=self.device if spec["backend"] == "nccl" else torch.device("cpu"),
+        )
+        self._gptoss_group_id = spec["group_id"]
+        return {"group_id": self._gptoss_group_id, "rank": rank}
+
+    def gptoss_weight_group(self) -> str | None:
+        """The id of the weight group this worker holds (``None``: none, e.g. after a restart)."""
+        return getattr(self, "_gptoss_group_id", None)
+
+    def gptoss_leave_weight_group(self) -> None:
+        group = getattr(self, "_gptoss_group", None)
+        self._gptoss_group, self._gptoss_group_id = None, None
+        if group is not None:
+            group.close()
+
+    def gptoss_receive_weights(self, header: str) -> dict:
+        """Receive one group of tensors over the weight group (``header``: JSON of ``layer_header`` plus
+        ``group_id``) and apply it as ``gptoss_load_weights`` does. A failed receive leaves the group (the
+        trainer re-joins on its next push)."""
+        started = time.perf_counter()
+        header = json.loads(header)
+        group = getattr(self, "_gptoss_group", None)
+        if group is None or header.get("group_id") != self._gptoss_group_id:
+            raise RuntimeError(
+                f"gptoss_receive_weights: this worker holds weight group {self.gptoss_weight_group()!r}, not "
+                f"{header.get('group_id')!r}; the trainer must join again (gptoss_join_weight_group)"
+            )
+        try:
+            named = group.receive(header)
+        except TransferError:
+            self.gptoss_leave_weight_group()
+            raise
+        return self._gptoss_apply(named, started)
+
+    def _gptoss_apply(self, tensors: list[tuple[str, torch.Tensor]], started: float) -> dict:
+        """Apply one group of checkpoint-format tensors. Inside a ``gptoss_start_reload`` session the group's
+        tensors are loaded into that session (sinks and experts refused); outside one, the group is reloaded on
+        its own (one session for this group) and its sinks/experts are written directly. Returns the names
+        applied by each route and the time split."""
+        self._gptoss_weights_changed()
+        reload = [(n, t) for n, t in tensors if not loads_directly(n)]
+        direct = [(n, t) for n, t in tensors if loads_directly(n)]
         session = getattr(self, "_gptoss_reloading", False)
         if session and direct:
             raise ValueError(
@@ -151,30 +207,6 @@ class GptOssWeightSyncExtension(RouteCapture):
             "seconds": seconds,
         }
 
-    def gptoss_receive_direct_nccl(self, update_info: str) -> dict:
-        """GPU: receive sinks/expert tensors over the weight-transfer NCCL group (packed, as the trainer sends
-        them) and load them into the live parameters. ``update_info``: JSON ``{names, dtype_names, shapes}``."""
-        from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_consumer
-
-        self._gptoss_weights_changed()
-        info = json.loads(update_info)
-        engine = self.weight_transfer_engine
-        received = []
-        packed_nccl_broadcast_consumer(
-            iterator=(
-                (n, (s, getattr(torch, d))) for n, d, s in zip(info["names"], info["dtype_names"], info["shapes"])
-            ),
-            group=engine.model_update_group,
-            src=0,
-            post_unpack_func=lambda items: received.extend((n, t.clone()) for n, t in items),  # buffers get reused
-            buffer_size_bytes=engine.packed_buffer_size_bytes,
-            num_buffers=engine.packed_num_buffers,
-            device=self.device,
-        )
-        torch.accelerator.synchronize()
-        repacked = self._gptoss_load_direct(received)
-        return {"direct": [n for n, _ in received], "repacked": repacked}
-
     def _gptoss_load_direct(self, named: list[tuple[str, torch.Tensor]]) -> list[str]:
         model = self.model_runner.get_model()
         names = {n for n, _ in named}
@@ -182,6 +214,11 @@ class GptOssWeightSyncExtension(RouteCapture):
             model.load_weights(named)
             _refresh_sink_copies(model, names, self.vllm_config.model_config.dtype)
             return _repack_experts(model, names)
+
+
+def _worker_rank(worker) -> int:
+    """This worker's rank among the server's workers (tensor/pipeline parallel), 0 for a single worker."""
+    return int(getattr(worker, "rank", 0) or 0)
 
 
 def _vllm_config(config):

@@ -2,9 +2,10 @@
 
 ``push_tensors(model)`` (``push``), on every rank, yields ``(checkpoint_name, full_tensor)`` one decoder layer at
 a time on the pushing rank (FSDP2 gathered, PEFT merged into the copy), named and grouped by ``names``;
-``push_model`` (``sync``) feeds the HTTP (CPU, ``http_push``) or NCCL (GPU, ``nccl_push``) pushers of vLLM
-servers, ``copy_weights_into`` (``in_process``) the in-process engine; ``check_sync.check_sync`` proves every
-parameter group landed.
+``push_model`` (``sync``) feeds the pushers of vLLM servers (``server_pusher``: the process-group transport
+``group_push``, gloo on CPUs and NCCL between GPUs, or the shared-memory file push ``http_push``),
+``copy_weights_into`` (``in_process``) the in-process engine; ``check_sync.check_sync`` proves every parameter
+group landed.
 """
 
 from trl_gptoss.rollout.weights.push import push_tensors

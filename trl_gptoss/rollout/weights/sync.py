@@ -5,16 +5,20 @@ per server and feeds each the layers ``push_layers`` yields; the other ranks onl
 A failure on the pushing rank still walks the remaining gathers (so no rank hangs in a collective), then every
 rank raises. The server side is the worker extension ``vllm_worker/gptoss_vllm_worker.py``.
 
-``weight_pusher_for(engine)`` picks a server's pusher: ``HTTPWeightPusher`` on the CPU (``http_push``),
-``NCCLWeightPusher`` on a GPU (``nccl_push``). Both push in two passes (``PASSES``): ``reload``, the tensors
-vLLM's layerwise reload applies, in ONE reload session for the whole model, then ``direct``, the sinks and
-experts that reload drops, written directly. Every push ends with ``/reset_prefix_cache`` (checked: it answers
-``success: false`` while requests hold blocks): cached KV blocks were computed with the old weights. Names and
-shapes are checked against each served checkpoint before anything is sent.
+``weight_pusher_for(engine)`` picks a server's pusher: the process-group push (``group_push``: a process group
+the trainer and the server's workers form, gloo on CPUs and NCCL between GPUs) by default, or the shared-memory
+file push (``http_push``) when ``transport="file"`` or ``$TRL_GPTOSS_WEIGHT_TRANSPORT=file``. Both push in two
+passes (``PASSES``; ``server_pusher``): ``reload``, the tensors vLLM's layerwise reload applies, in ONE reload
+session for the whole model, then ``direct``, the sinks and experts that reload drops, written directly. Every
+push ends with ``/reset_prefix_cache`` (checked: it answers ``success: false`` while requests hold blocks):
+cached KV blocks were computed with the old weights. Names and shapes are checked against each served
+checkpoint before anything is sent.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable
 
 import torch
@@ -22,11 +26,15 @@ import torch.distributed as dist
 
 # the worker-side module imports only torch/safetensors at import time: the one rule for what reload drops
 from trl_gptoss.rollout.vllm_worker.gptoss_vllm_worker import loads_directly
+from trl_gptoss.rollout.weights.group_push import GroupWeightPusher
 from trl_gptoss.rollout.weights.http_push import HTTPWeightPusher
-from trl_gptoss.rollout.weights.nccl_push import NCCLWeightPusher
 from trl_gptoss.rollout.weights.push import PushStats, push_layers, pushed_layout
 from trl_gptoss.rollout.weights.server_calls import collective_rpc
 
+logger = logging.getLogger(__name__)
+
+TRANSPORT_ENV = "TRL_GPTOSS_WEIGHT_TRANSPORT"
+TRANSPORTS = ("process_group", "file")
 PASSES = {"all": None, "reload": lambda n: not loads_directly(n), "direct": loads_directly}
 
 
@@ -91,7 +99,10 @@ def _failed_anywhere(error, to_rank: int) -> bool:
 
 def _raise(pushers, error, to_rank: int):
     for pusher in pushers:
-        pusher.abort()
+        try:
+            pusher.abort()
+        except Exception as exc:  # noqa: BLE001 (a server that died mid-push cannot resume; the push's error is raised)
+            logger.warning("weight push: %s could not be resumed after the failure: %s", pusher.engine.base_url, exc)
     if error is not None:
         raise error
     raise RuntimeError(f"weight push failed on rank {to_rank}; its log has the error")
@@ -106,13 +117,19 @@ def _each(pushers, call) -> BaseException | None:
     return None
 
 
-def weight_pusher_for(engine):
-    """NCCL when the server has an NCCL weight-transfer engine and this process a GPU, else the HTTP push.
+def weight_pusher_for(engine, transport: str | None = None, **options):
+    """The pusher of one server: ``transport`` ``"process_group"`` (default; ``options`` go to
+    ``GroupWeightPusher``, which joins the server's workers now) or ``"file"``; unset: ``$TRL_GPTOSS_WEIGHT_TRANSPORT``.
 
-    One extension call tells both the served layout and the server's transfer backend (``/server_info`` would
+    One extension call tells the served layout, dtype and every worker's device and rank (``/server_info`` would
     too, but it collects the whole system environment first: ~10 s).
     """
-    (info,) = collective_rpc(engine, "gptoss_checkpoint_layout")[:1]
-    if info.get("weight_transfer_backend") == "nccl" and torch.cuda.is_available():
-        return NCCLWeightPusher(engine, info)
-    return HTTPWeightPusher(engine, info)
+    transport = transport or os.environ.get(TRANSPORT_ENV) or "process_group"
+    if transport not in TRANSPORTS:
+        raise ValueError(f"weight transport must be one of {TRANSPORTS} (${TRANSPORT_ENV}), got {transport!r}")
+    infos = collective_rpc(engine, "gptoss_checkpoint_layout")
+    if transport == "file":
+        return HTTPWeightPusher(engine, infos[0])
+    pusher = GroupWeightPusher(engine, infos, **options)
+    pusher.connect()
+    return pusher

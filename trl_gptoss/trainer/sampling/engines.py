@@ -60,7 +60,37 @@ def build_vllm_server(args, model, tokenizer) -> BuiltEngine:
     check_server(urls)
     options = {"secret": secret, "vocab_size": getattr(unwrap(model, peft=True).config, "vocab_size", None)}
     engine = VLLMServerEngine(urls[0], **options) if len(urls) == 1 else MultiServerEngine(urls, **options)
+    try:
+        join_weight_groups(engine)
+    except BaseException:
+        engine.close()
+        if release is not None:
+            release()
+        raise
     return BuiltEngine(engine, release)
+
+
+def join_weight_groups(engine) -> None:
+    """The pushing rank (rank 0) builds every server's pusher now, which joins its weight group: a server that
+    cannot reach the trainer fails the run here, before its first step, not at its first push. Collective: every
+    rank learns rank 0's outcome and raises with it."""
+    import torch.distributed as dist
+
+    distributed = dist.is_available() and dist.is_initialized()
+    error = None
+    if not distributed or dist.get_rank() == 0:
+        try:
+            for server in getattr(engine, "engines", [engine]):
+                server.pusher()
+        except Exception as exc:  # noqa: BLE001 (shared with every rank, then raised)
+            if not distributed:
+                raise
+            error = f"{type(exc).__name__}: {exc}"
+    if distributed:
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        if box[0] is not None:
+            raise RuntimeError(f"rank 0 could not join the rollout servers' weight groups: {box[0]}")
 
 
 ENGINE_KINDS: dict[str, EngineKind] = {
