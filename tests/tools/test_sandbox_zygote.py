@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -297,3 +298,36 @@ def test_nothing_the_calls_share_is_writable(sandbox):
     )
     result = sandbox.run(code)
     assert result.ok and "wrote" not in result.stdout and result.stdout.count("refused") == 6, result.render()
+
+
+def test_an_interpreter_under_tmp_is_served_by_the_zygote(sandbox):
+    """A virtualenv under ``/tmp`` (a clone there): every call mounts its own ``/tmp``, with the interpreter's
+    paths rebuilt on it -- read-only, in root's directories the call can neither rename nor remove -- and
+    nothing else of the previous call's ``/tmp``."""
+    home = tempfile.mkdtemp(dir="/tmp", prefix="venv-under-tmp-")
+    link = os.path.join(home, "env")
+    os.symlink(sys.prefix, link)
+    python = os.path.join(link, os.path.relpath(sys.executable, sys.prefix))
+    code = (
+        "import os, sys, numpy\n"
+        "print(sys.executable, os.path.exists('/tmp/left'))\n"
+        "open('/tmp/left', 'w').close()\n"
+        f"rows = [line.split() for line in open('/proc/self/mountinfo') if line.split()[4].startswith({home!r})]\n"
+        "print(len(rows) > 0, sorted({row[5].split(',')[0] for row in rows}))\n"
+        "for attempt in (lambda: os.rename(os.path.dirname(os.path.dirname(sys.executable)), '/tmp/moved'),\n"
+        "                lambda: open(os.path.join(sys.prefix, 'pyvenv.cfg'), 'a'), lambda: os.rmdir(sys.prefix)):\n"
+        "    try:\n"
+        "        attempt()\n"
+        "        print('changed')\n"
+        "    except OSError:\n"
+        "        print('refused')\n"
+    )
+    try:
+        under_tmp = PythonSandbox(SandboxLimits(**TIGHT), python_executable=python, zygote=True)
+        results = [under_tmp.run(code) for _ in range(2)]
+        under_tmp.close()
+    finally:
+        shutil.rmtree(home)
+    expected = f"{python} False\nTrue ['ro']\n" + "refused\n" * 3
+    for result in results:
+        assert result.ok and result.stdout == expected, result.render()

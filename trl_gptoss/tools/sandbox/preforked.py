@@ -50,16 +50,46 @@ def zygote_problem(view: HostView) -> str | None:
         return "the zygote maps a range of host uids into its user namespace, which needs a root host process"
     if not hasattr(os, "pidfd_open") or not hasattr(socket, "send_fds"):
         return "the zygote needs Python >= 3.9 (os.pidfd_open, socket.send_fds)"
+    for _op, operands in _view_operations(view):
+        dest = operands[-1]
+        if dest == WORKDIR or dest.startswith(WORKDIR + "/"):
+            return f"the interpreter or a package lives under {dest}, the working directory every call creates"
+    return None
+
+
+def _view_operations(view: HostView):
+    """``(op, operands)`` of each bubblewrap operation of ``view``, in order (``--perms`` skipped)."""
     args, i = view.args, 0
-    while i < len(args):  # a view path under a scratch target would be hidden by the call's fresh tmpfs
+    while i < len(args):
         if args[i] == "--perms":
             i += 2
             continue
-        dest = args[i + _DEST_ARITY[args[i]]]
-        if any(dest == t or dest.startswith(t + "/") for t in SCRATCH_TARGETS):
-            return f"the interpreter or a package lives under {dest} (a scratch directory of every call)"
-        i += _DEST_ARITY[args[i]] + 1
-    return None
+        arity = _DEST_ARITY[args[i]]
+        yield args[i], args[i + 1 : i + arity + 1]
+        i += arity + 1
+
+
+def kept_under_scratch(view: HostView) -> dict[str, list[list[str]]]:
+    """What each call must rebuild on top of its fresh scratch tmpfs so that the view's paths beneath a scratch
+    target (an interpreter or virtualenv under ``/tmp``) stay visible: per target, in the view's order,
+    ``["dir", DEST]``, ``["symlink", TARGET, DEST]`` or ``["mount", DEST]`` (a read-only bind or tmpfs of the view,
+    re-bound from the zygote's own, submounts included, so nothing beneath a ``mount`` is listed again)."""
+    kept: dict[str, list[list[str]]] = {}
+    for op, operands in _view_operations(view):
+        dest = operands[-1]
+        target = next((t for t in SCRATCH_TARGETS if dest.startswith(t + "/")), None)
+        if target is None:
+            continue
+        entries = kept.setdefault(target, [])
+        if any(e[0] == "mount" and dest.startswith(e[-1] + "/") for e in entries):
+            continue
+        if op == "--dir":
+            entries.append(["dir", dest])
+        elif op == "--symlink":
+            entries.append(["symlink", operands[0], dest])
+        else:  # --ro-bind, --tmpfs
+            entries.append(["mount", dest])
+    return kept
 
 
 def _readable(files: list, timeout: float | None) -> list:
@@ -216,6 +246,10 @@ class Zygote:
             options = [f"control_fd={fds[0]}", f"disk_bytes={self.limits.disk_bytes}"]
             options += [f"disk_files={self.limits.disk_files}", f"workdir={WORKDIR}"]
             options += [f"scratch={t}" for t in SCRATCH_TARGETS] + [f"preload={p}" for p in self.preload]
+            kept = kept_under_scratch(self.view)
+            if kept:  # through a pipe, like the filter: the zygote's command line is /proc/1/cmdline of every call
+                fds.append(_pipe_with(json.dumps(kept).encode()))
+            options.append(f"kept_fd={fds[-1] if kept else -1}")
             if self.seccomp_filter is not None:
                 fds.append(_pipe_with(self.seccomp_filter))
             options.append(f"seccomp_fd={fds[-1] if self.seccomp_filter is not None else -1}")

@@ -14,8 +14,8 @@ keeps one call prepared (a *spare*):
 1. its PID 1 is forked into a new PID namespace (``unshare(CLONE_NEWPID)``, ``fork``, then ``setns`` back, so
    the next one can do the same); it enters new mount, IPC and network namespaces, mounts a fresh ``/proc``
    (``/proc/sys`` & co. read-only, as bubblewrap does), a new ``devpts`` instance and size- and inode-capped
-   tmpfs on the scratch targets, brings its loopback up and forks the program (PID 2), which waits for its
-   request.
+   tmpfs on the scratch targets (the view's paths beneath one, a virtualenv under ``/tmp``, rebuilt on it),
+   brings its loopback up and forks the program (PID 2), which waits for its request.
 
 The host's request (control socket, ``SOCK_SEQPACKET``) is ``{"uid": N}`` with, by ``SCM_RIGHTS``, the call's
 socket, its stdout and stderr pipes, a memfd with the code and the opened ``cgroup.procs`` of its cgroups. The
@@ -102,6 +102,10 @@ class Zygote:
             with os.fdopen(options["seccomp_fd"], "rb") as f:
                 self.filter = ctypes.create_string_buffer(f.read())
             self.fprog = SockFprog(len(self.filter.raw) // 8, ctypes.addressof(self.filter))
+        self.kept = {}  # scratch target -> the view's entries beneath it (``preforked.kept_under_scratch``)
+        if options.get("kept_fd", -1) >= 0:
+            with os.fdopen(options["kept_fd"], "rb") as f:
+                self.kept = json.loads(f.read())
         self.pid = os.getpid()
         self.pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY)
         self.selector = selectors.DefaultSelector()
@@ -290,13 +294,37 @@ class Zygote:
                 mount(path, path, None, MS_BIND | MS_REC)
                 mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
         mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
-        size, files = self.options["disk_bytes"], self.options["disk_files"]
         for target in self.options["scratch"]:
-            mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={size},nr_inodes={files}")
+            self.mount_scratch(target, self.kept.get(target, ()))
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             import fcntl
 
             fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", IFF_UP_LOOPBACK_RUNNING))
+
+    def mount_scratch(self, target, kept):
+        """The call's own tmpfs on ``target``. ``kept``: the view's paths beneath it (a virtualenv under ``/tmp``),
+        rebuilt on the fresh tmpfs in the view's order from the zygote's own ``target``, still reachable through a
+        descriptor opened before the mount: directories (root's, 0755: the call cannot rename or remove them, even
+        in a sticky ``/tmp``), symlinks, and each mount re-bound with its submounts (and its read-only flag)."""
+        size, files = self.options["disk_bytes"], self.options["disk_files"]
+        below = os.open(target, os.O_PATH | os.O_DIRECTORY) if kept else -1
+        try:
+            mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={size},nr_inodes={files}")
+            for kind, *operands in kept:
+                dest = operands[-1]
+                hidden = f"/proc/self/fd/{below}{dest[len(target) :]}"
+                make_dirs(os.path.dirname(dest))
+                if kind == "dir" or (kind == "mount" and os.path.isdir(hidden)):
+                    make_dirs(dest)
+                elif kind == "symlink":
+                    os.symlink(operands[0], dest)
+                else:
+                    os.close(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444))
+                if kind == "mount":
+                    mount(hidden, dest, None, MS_BIND | MS_REC)
+        finally:
+            if below >= 0:
+                os.close(below)
 
     def program_main(self, zygote):
         """The program (PID 2): waits for its request, then joins the call's cgroups,
@@ -362,6 +390,15 @@ def flush_and_exit(code):
         with contextlib.suppress(Exception):  # a closed or broken stream: nothing more to show
             stream.flush()
     os._exit(code & 0xFF)
+
+
+def make_dirs(path):
+    """``mkdir -p`` with mode 0755 whatever the umask."""
+    if os.path.isdir(path):
+        return
+    make_dirs(os.path.dirname(path))
+    os.mkdir(path)
+    os.chmod(path, 0o755)
 
 
 def write_program(code_fd, workdir):
