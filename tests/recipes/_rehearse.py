@@ -129,18 +129,19 @@ class Probe:
             (self.out / "probe.json").write_text(json.dumps(self.record, indent=1, default=str))
 
     def watch_pushes(self, check_sync_after: int | None) -> None:
-        """Record every push the trainer makes (its engine's ``push_weights``, every rank; rank 0 sends over HTTP):
+        """Record every push the trainer makes (its engine's ``push_weights``, every rank; rank 0 sends, over the
+        transport the job chose):
         the server's dtype, the dtypes sent and the push's own numbers; after its ``check_sync_after``-th push,
         run ``check_sync`` of the pushed model (collective, as the push is). The engine is observed the way a new
         engine kind is added: a row of ``ENGINE_KINDS`` whose build wraps the shipped one."""
         import dataclasses
 
-        from trl_gptoss.rollout.weights import http_push
+        from trl_gptoss.rollout.weights import server_pusher
         from trl_gptoss.trainer.sampling import ENGINE_KINDS
 
-        pusher, record, kind = http_push.HTTPWeightPusher, self.record, ENGINE_KINDS["vllm_server"]
+        pusher, record, kind = server_pusher.ServerWeightPusher, self.record, ENGINE_KINDS["vllm_server"]
         send, finish = pusher.send, pusher.finish
-        http: list[dict] = []  # every finished HTTP push (check_sync's included)
+        http: list[dict] = []  # every finished push to a server (check_sync's included)
         count = [0]  # the trainer's pushes, on every rank
         sent: set[str] = set()  # dtypes of the tensors the push in progress sent
 

@@ -308,6 +308,7 @@ def _assert_pushes(recipe: Recipe, run: Rehearsal) -> None:
     pushes, numel = run.probe["pushes"], run.probe["pushed_numel"]
     assert run.probe["timeline"] == _timeline(recipe.raw), "every generation samples the weights pushed right before it"
     for push in pushes:
+        assert push["transport"] == "process_group", push  # the recipes' NCCL push: gloo here, one code path
         assert push["server_dtype"] == "float32" and push["sent"] == ["float32"], push
         assert push["bytes"] == 4 * numel, (push["bytes"], numel)  # every checkpoint tensor, in the server's dtype
         assert push["calls"]["start_reload"] == push["calls"]["finish_reload"] == 1, push["calls"]
