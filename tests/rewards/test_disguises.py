@@ -42,6 +42,47 @@ def test_property_a_changing_word_never_matches_the_bare_number(number, word, pl
     assert gsm8k_reward([f"The answer is {answer}."], answer=[f"#### {number}"]) == [0.0], answer
 
 
+# Multipliers and groups (``5 doubled`` is 10, ``5 pairs`` 10 things), any past participle (something done to the
+# number) and ``-fold`` / ``-uple`` words; beside them, the nouns a count carries, which must still match.
+_MULTIPLIERS = _words(
+    "doubled halved twice pairs double triple tripled quadrupled halve thrice pair couple couples brace trio "
+    "quartet twins triplets fivefold twofold sextuple quintuples"
+)
+_PARTICIPLE = st.text("abcdfghijklmnoprstuvwxyz", min_size=2, max_size=9).map(lambda stem: stem + "ed")
+_COUNTED_NOUNS = _words("apples pears pairings seeds speed beds sheds sleds feet hours marbles coupons tires")
+
+
+def _written(number: int, word: str, case, period: bool) -> str:
+    return (f"{number:,} " if number % 2 else f"{number} ") + case(word) + ("." if period else "")
+
+
+@settings(max_examples=300, **_SETTINGS)
+@given(
+    st.integers(1, 10**6),
+    st.one_of(st.sampled_from(_MULTIPLIERS), _PARTICIPLE.filter(lambda w: w not in ("bed", "shed", "sled", "bred"))),
+    st.sampled_from([str.lower, str.upper, str.title]),
+    st.booleans(),
+)
+def test_property_a_multiplier_or_an_operation_word_never_matches_the_bare_number(number, word, case, period):
+    answer = _written(number, word, case, period)
+    assert not answers_match(answer, str(number)), answer
+    assert retool_reward([f"\\boxed{{{answer}}}"], answer=[str(number)]) == [-1.0], answer
+    assert gsm8k_reward([f"#### {answer}"], answer=[f"#### {number}"]) == [0.0], answer
+
+
+@settings(max_examples=200, **_SETTINGS)
+@given(
+    st.integers(1, 10**6),
+    st.sampled_from(_COUNTED_NOUNS),
+    st.sampled_from([str.lower, str.title]),
+    st.booleans(),
+)
+def test_property_a_counted_noun_after_the_number_still_matches(number, word, case, period):
+    answer = _written(number, word, case, period)
+    assert answers_match(answer, str(number)), answer
+    assert retool_reward([f"\\boxed{{{answer}}}"], answer=[str(number)]) == [1.0], answer
+
+
 # ---- VerifyIf: what a reader sees ---------------------------------------------------------------------------
 _INVISIBLE = ["\u200b", "\u00ad", "\u2060", "\ufeff", "\u200c", "\u200d", "\u034f", "\ufe0f", "\u2066", "\u180e"]
 _CYRILLIC = dict(zip("aceopxyijsABCEHKMOPTXY", "асеорхуіјѕАВСЕНКМОРТХУ"))

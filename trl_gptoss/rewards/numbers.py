@@ -70,8 +70,22 @@ _NUMBER_WORD_STEMS = _words(
     "mil mln bln squared cubed square cube cubic factorial inverse reciprocal root sqrt power exponent fold "
     "negative positive point mod modulo choose percentile"
 )
-NUMBER_WORDS = _NUMBER_WORD_STEMS | {w + "s" for w in _NUMBER_WORD_STEMS}  # and their plurals
+# Multipliers and groups change it too: ``5 doubled`` is 10, ``5 twice`` 10, ``5 pairs`` 10 things.
+_MULTIPLIER_STEMS = _words(
+    "double doubled triple tripled quadruple quadrupled quintuple quintupled halve halved twice thrice pair "
+    "couple brace duo trio quartet quintet sextet septet octet twin triplet quadruplet quintuplet"
+)
+NUMBER_WORDS = (
+    _NUMBER_WORD_STEMS
+    | _MULTIPLIER_STEMS
+    | {w + "s" for w in _NUMBER_WORD_STEMS | _MULTIPLIER_STEMS}  # and their plurals
+)
 _ILLION = re.compile(r"[a-z]*illion(?:th)?s?")
+# And by their form: a past participle names something done to the number (``5 increased``, ``5 divided``,
+# ``5 rounded``), ``-fold`` and ``-uple`` words multiply it (``fivefold``, ``sextuple``). Nouns ending in "-ed"
+# that a count may carry are kept: ``-eed`` words (seeds, speed) and these.
+_CHANGING_FORM = re.compile(r"[a-z]*(?:[^e]ed|fold|uples?|uplets?)")
+_NOUNS_ENDING_ED = _words("bed shed sled red bred")
 
 
 @dataclass(frozen=True)
@@ -143,6 +157,7 @@ def _is_unit(word: str | None, spaced: bool) -> bool:
         and lowered not in NOT_UNITS
         and lowered not in NUMBER_WORDS
         and not _ILLION.fullmatch(lowered)
+        and not (_CHANGING_FORM.fullmatch(lowered) and lowered not in _NOUNS_ENDING_ED)
     )
 
 
