@@ -18,7 +18,8 @@ the reason):
 Time: each stage has a nominal cap (``STAGES``) that later stages keep for themselves; the time an earlier stage
 leaves unused flows to the ones after it, and the whole kit ends within ``--budget-s``. OUTDIR receives at most
 8 files, what the device tool brings back: one JSON per part (``gpu_tests``, ``attention``, ``layer``,
-``experts``, ``logprobs``), ``summary.json``, ``summary.md`` and ``kit.log`` (every stage's output).
+``experts``, ``logprobs``), ``summary.json`` (which also holds the ``transfer`` part's record: the weight push's
+process group), ``summary.md`` and ``kit.log`` (every stage's output).
 This driver imports nothing of the package, so it reports even when the package cannot be imported.
 """
 
@@ -248,13 +249,17 @@ def _run(ctx: Context, argv: list[str], timeout: float) -> dict:
     return {"rc": rc, "output": output, "tail": output[-4000:], "elapsed_s": round(time.monotonic() - started, 1)}
 
 
-def _benchmark(script: str) -> Callable[[Context, float], dict]:
+def _benchmark(script: str, *, own_file: bool = True) -> Callable[[Context, float], dict]:
+    """A benchmark stage. ``own_file=False``: its JSON stays in the work folder and its record travels inside
+    summary.json (``parts``), for parts beyond the 8 files the device tool brings back."""
+
     def run(ctx: Context, timeout: float) -> dict:
         part = Path(script).stem
-        argv = [sys.executable, f"benchmarks/{script}", "--out", str(ctx.out / f"{PART_NAMES[part]}.json")]
+        path = (ctx.out if own_file else ctx.work) / f"{PART_NAMES[part]}.json"
+        argv = [sys.executable, f"benchmarks/{script}", "--out", str(path)]
         argv += ["--budget-s", f"{max(timeout - 15, 5):.0f}"] + (["--dry-run"] if ctx.dry_run else [])
         done = _run(ctx, argv, timeout)
-        return _from_json(ctx.out / f"{PART_NAMES[part]}.json", done)
+        return {**_from_json(path, done), "own_file": own_file}
 
     return run
 
@@ -339,6 +344,7 @@ PART_NAMES = {
     "bench_gpu_layer": "layer",
     "bench_gpu_experts": "experts",
     "bench_gpu_logprobs": "logprobs",
+    "bench_gpu_transfer": "transfer",
 }
 STAGES = (
     Stage("setup", 60, setup),
@@ -347,6 +353,7 @@ STAGES = (
     Stage("layer", 70, _benchmark("bench_gpu_layer.py")),
     Stage("experts", 35, _benchmark("bench_gpu_experts.py")),
     Stage("logprobs", 30, _benchmark("bench_gpu_logprobs.py")),
+    Stage("transfer", 40, _benchmark("bench_gpu_transfer.py", own_file=False)),  # the weight push's process group
 )
 
 
@@ -451,6 +458,7 @@ def run_kit(out: Path, work: Path, dry_run: bool, budget_s: float) -> int:
         "setup": {k: v for k, v in records["setup"].items() if k != "environment"},
         "stages": stages,
         "goals": {name: r.get("goals", []) for name, r in records.items() if r.get("goals")},
+        "parts": {name: r for name, r in records.items() if r.get("own_file") is False},
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     (out / "summary.md").write_text(summary_md(summary, records))

@@ -16,6 +16,7 @@ import inspect
 import json
 import subprocess
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -83,11 +84,13 @@ class Request:
 
 
 class RecordingVLLM:
-    """Answers what a vLLM server with our worker extension answers, and records every request."""
+    """Answers what a vLLM server with our worker extension answers, and records every request. ``workers``: the
+    server's workers (tensor parallel), each answering every ``/collective_rpc`` at once, as vLLM's do."""
 
-    def __init__(self, model):
+    def __init__(self, model, workers: int = 1):
         self.layout = pushed_layout(model)
-        self.worker = _Worker()
+        self.workers = [_Worker(rank) for rank in range(workers)]
+        self.worker = self.workers[0]
         self.requests: list[Request] = []
         server = self
 
@@ -134,30 +137,32 @@ class RecordingVLLM:
         if request.path == "/reset_prefix_cache":
             return {"success": True}
         if request.path == "/collective_rpc":
-            return {"results": [self._rpc(request.body["method"], request.body.get("args", []))]}
+            method, args = request.body["method"], request.body.get("args", [])
+            with ThreadPoolExecutor(len(self.workers)) as pool:  # every worker runs the call (joins block together)
+                return {"results": list(pool.map(lambda w: self._rpc(w, method, args), self.workers))}
         return {"message": "ok"}
 
-    def _rpc(self, method: str, args: list[str]):
+    def _rpc(self, worker, method: str, args: list[str]):
         if method == "gptoss_checkpoint_layout":
-            return {"layout": self.layout, "dtype": "float32", "device": "cpu", "rank": 0}
+            return {"layout": self.layout, "dtype": "float32", "device": "cpu", "rank": worker.rank}
         if method == "gptoss_load_weights":
             source = json.loads(args[0])
             tensors = load_file(source["path"]) if "path" in source else load(base64.b64decode(source["b64"]))
-            return self.worker._gptoss_apply(list(tensors.items()), 0.0)
+            return worker._gptoss_apply(list(tensors.items()), 0.0)
         if method == "gptoss_finish_reload":
             return {"seconds": 0.0}
         if method.startswith("gptoss_") and "weight" in method:  # the process-group transfer: the real methods
-            return getattr(self.worker, method)(*args)
+            return getattr(worker, method)(*args)
         return None
 
 
 class _Worker(GptOssWeightSyncExtension):
-    """The worker-side ``self`` outside vLLM: one CPU worker of rank 0; loading into vLLM's model is the
+    """The worker-side ``self`` outside vLLM: a CPU worker of the server; loading into vLLM's model is the
     boundary, recorded."""
 
-    def __init__(self):
+    def __init__(self, rank: int = 0):
         self.device = torch.device("cpu")
-        self.rank = 0
+        self.rank = rank
         self.received: list[tuple[str, torch.Tensor]] = []
 
     def _gptoss_apply(self, tensors, started):
@@ -228,18 +233,19 @@ def http_push(remote: bool) -> list[Request]:
     return server.requests
 
 
-def group_push(bucket_bytes: int = 1 << 10) -> tuple[list[Request], list, list]:
+def group_push(bucket_bytes: int = 1 << 10, workers: int = 1) -> tuple[list[Request], list, list]:
     """The process-group push of a tiny model with 1 KiB buckets (tensors span buckets, buckets span tensors):
-    the requests, what the worker received over gloo, and what the trainer pushed."""
+    the requests, what each worker received over gloo, and what the trainer pushed."""
     model = tiny_gpt_oss(seed=0)
-    with RecordingVLLM(model) as server:
+    with RecordingVLLM(model, workers) as server:
         engine = VLLMServerEngine(server.base_url, max_retries=0)
         pusher = weight_pusher_for(engine, bucket_bytes=bucket_bytes, timeout_s=60)
         assert isinstance(pusher, GroupWeightPusher) and pusher.backend == "gloo"
         push_model(lambda: [pusher], model)
         pusher.close()
         engine.close()
-    return server.requests, server.worker.received, list(push_tensors(model))
+    received = [w.received for w in server.workers]
+    return server.requests, received[0] if workers == 1 else received, list(push_tensors(model))
 
 
 @pytest.mark.parametrize("remote", [False, True], ids=["shared-memory", "base64"])
@@ -268,6 +274,18 @@ def test_group_push_sends_only_what_vllm_033_accepts_and_every_tensor_arrives_bi
     sent = dict(pushed)
     for name, tensor in received:
         assert tensor.dtype == torch.float32 and torch.equal(tensor, sent[name]), name
+
+
+def test_every_worker_of_a_tensor_parallel_server_joins_and_receives_everything():
+    requests, received, pushed = group_push(workers=2)
+    (join,) = [
+        json.loads(r.body["args"][0]) for r in requests if r.body and r.body.get("method") == "gptoss_join_weight_group"
+    ]
+    assert join["world_size"] == 3 and join["rank_offset"] == 1  # the trainer, then workers 0 and 1 as ranks 1, 2
+    sent = dict(pushed)
+    for worker in received:
+        assert sorted(n for n, _ in worker) == sorted(sent)
+        assert all(torch.equal(t, sent[n]) for n, t in worker)
 
 
 def test_the_join_names_no_secret_but_its_token_and_the_group_is_the_tokens_digest():

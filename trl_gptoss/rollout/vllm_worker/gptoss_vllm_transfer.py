@@ -76,6 +76,38 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1).view(torch.uint8)
 
 
+def bucket_pieces(tensors: list[torch.Tensor], header: dict, buffer):
+    """Rank 0's side of ``buckets``: yields ``(piece, last)`` per bucket, in order, each to be broadcast before the
+    next is asked for. A bucket that lies inside one tensor is a view of it; the others, and always the last one,
+    are packed into ``buffer()`` (one bucket's bytes, reused: so a last bucket still in flight never keeps the
+    group's tensors alive)."""
+    spans = [(offset, as_bytes(t)) for offset, t in zip(header["offsets"], tensors)]
+    ranges = buckets(header)
+    for index, (lo, hi) in enumerate(ranges):
+        last = index == len(ranges) - 1
+        piece = None if last else _inside_one_tensor(spans, lo, hi)
+        if piece is None:
+            piece = buffer()[: hi - lo]
+            _pack(spans, lo, hi, piece)
+        yield piece, last
+
+
+def _inside_one_tensor(spans, lo: int, hi: int) -> torch.Tensor | None:
+    """The bytes ``[lo, hi)`` of the stream as a view of the one tensor holding all of them, if one does."""
+    for offset, data in spans:
+        if offset <= lo and hi <= offset + data.numel():
+            return data[lo - offset : hi - offset]
+    return None
+
+
+def _pack(spans, lo: int, hi: int, out: torch.Tensor) -> None:
+    """Copy the bytes ``[lo, hi)`` of the stream into ``out`` (the alignment padding is left as it is)."""
+    for offset, data in spans:
+        start, end = max(lo, offset), min(hi, offset + data.numel())
+        if start < end:
+            out[start - lo : end - lo].copy_(data[start - offset : end - offset])
+
+
 def unpack(flat: torch.Tensor, header: dict) -> list[tuple[str, torch.Tensor]]:
     """The named tensors of a received stream, as views of ``flat``."""
     named = []

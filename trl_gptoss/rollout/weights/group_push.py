@@ -36,9 +36,8 @@ from trl_gptoss.rollout.vllm_worker.gptoss_vllm_transfer import (
     TransferError,
     WeightGroup,
     address_towards,
-    as_bytes,
     bind_listener,
-    buckets,
+    bucket_pieces,
     layer_header,
 )
 from trl_gptoss.rollout.weights.server_calls import collective_rpc
@@ -177,14 +176,7 @@ class GroupWeightPusher(ServerWeightPusher):
         return collect
 
     def _broadcast(self, tensors, header: dict, answer: Future) -> None:
-        spans = [(offset, as_bytes(t)) for offset, (_, t) in zip(header["offsets"], tensors)]
-        ranges = buckets(header)
-        for index, (lo, hi) in enumerate(ranges):
-            last = index == len(ranges) - 1
-            piece = None if last else _inside_one_tensor(spans, lo, hi)
-            if piece is None:  # packed: the last bucket must not keep the layer alive while it is in flight
-                piece = self._bucket()[: hi - lo]
-                _pack(spans, lo, hi, piece)
+        for piece, last in bucket_pieces([t for _, t in tensors], header, self._bucket):
             work = self.group.broadcast(piece)
             if last:
                 self._last_work = work
@@ -257,19 +249,3 @@ def _why(exc: BaseException, answer: Future) -> str:
     if answer.done() and answer.exception() is not None:
         exc = answer.exception()
     return f"{type(exc).__name__}: {exc}"
-
-
-def _inside_one_tensor(spans, lo: int, hi: int) -> torch.Tensor | None:
-    """The bytes ``[lo, hi)`` of the stream as a view of the one tensor holding all of them, if one does."""
-    for offset, data in spans:
-        if offset <= lo and hi <= offset + data.numel():
-            return data[lo - offset : hi - offset]
-    return None
-
-
-def _pack(spans, lo: int, hi: int, out: torch.Tensor) -> None:
-    """Copy the bytes ``[lo, hi)`` of the stream into ``out`` (the alignment padding is left as it is)."""
-    for offset, data in spans:
-        start, end = max(lo, offset), min(hi, offset + data.numel())
-        if start < end:
-            out[start - lo : end - lo].copy_(data[start - offset : end - offset])
