@@ -99,13 +99,25 @@ def _disguises(letter: str) -> list[str]:
     return forms + ([_CYRILLIC[letter]] if letter in _CYRILLIC else [])
 
 
+# Latin small capitals (no x), which NFKC leaves as they are, and modifier letters, which it folds.
+_SMALL_CAPITALS = dict(
+    zip(
+        "abcdefghijklmnopqrstuvwyz",
+        "\u1d00\u0299\u1d04\u1d05\u1d07\ua730\u0262\u029c\u026a\u1d0a\u1d0b\u029f\u1d0d\u0274\u1d0f\u1d18\ua7af\u0280\ua731\u1d1b\u1d1c\u1d20\u1d21\u028f\u1d22",
+    )
+)
+_MODIFIERS = dict(zip("acemopstx", "\u1d43\u1d9c\u1d49\u1d50\u1d52\u1d56\u02e2\u1d57\u02e3"))
+
+
 @st.composite
-def _disguised(draw, word: str, cyrillic: bool = True) -> str:
+def _disguised(draw, word: str, cyrillic: bool = True, small_capitals: bool = False) -> str:
     out = []
     for letter in word:
         forms = _disguises(letter)
         if not cyrillic and letter in _CYRILLIC:
             forms = forms[:-1]
+        if small_capitals:
+            forms = forms + [m[letter] for m in (_SMALL_CAPITALS, _MODIFIERS) if letter in m]
         out.append(draw(st.sampled_from(forms)))
         out.append(draw(st.sampled_from(["", "", *_INVISIBLE])))
     return "".join(out[:-1])
@@ -118,7 +130,7 @@ _KEYWORDS = ["cat", "money", "secret", "paper", "apex"]
 @settings(max_examples=300, **_SETTINGS)
 @given(st.sampled_from(_KEYWORDS), st.data())
 def test_property_a_disguised_forbidden_keyword_is_still_forbidden(keyword, data):
-    shown = data.draw(_disguised(keyword))
+    shown = data.draw(_disguised(keyword, small_capitals=True))
     text = f"{data.draw(_FILLER)} {shown} {data.draw(_FILLER)}"
     assert not check_constraint(text, {"type": "keywords_forbidden", "keywords": [keyword]}), ascii(text)
     assert not check_constraint(text, {"type": "keyword_frequency", "keyword": keyword, "max": 0}), ascii(text)
@@ -148,8 +160,13 @@ def test_property_one_disguised_capital_breaks_all_lowercase(text, data):
     assert not check_constraint(upper, {"type": "all_uppercase"}), ascii(upper)
 
 
+# Written out here, not read from ``COMMAS``: the low acute and low grave modifiers, the turned comma, a comma
+# below a digit, and NFKC's commas (full-width, small, half-width ideographic, small ideographic).
+_COMMA_SHAPES = ["\u02cf", "\u02ce", "\u2e32", "5\u0326", "\uff0c", "\ufe50", "\uff64", "\ufe51"]
+
+
 @settings(max_examples=200, **_SETTINGS)
-@given(st.text("abc def.", max_size=30), st.sampled_from([*COMMAS, "\uff0c", "\ufe50", "\uff64", "\ufe51"]), st.data())
+@given(st.text("abc def.", max_size=30), st.sampled_from([*COMMAS, *_COMMA_SHAPES]), st.data())
 def test_property_anything_that_reads_as_a_comma_is_a_comma(text, comma, data):
     position = data.draw(st.integers(0, len(text)))
     shown = text[:position] + comma + data.draw(st.sampled_from(["", *_INVISIBLE])) + text[position:]
@@ -177,6 +194,9 @@ def test_property_underscores_separate_words(words, joints):
         ("the_cat_sat", {"type": "keywords_forbidden", "keywords": ["cat"]}),
         ("one\u201a two", {"type": "no_commas"}),
         ("one\u3001two", {"type": "no_commas"}),
+        ("one\u02cf two", {"type": "no_commas"}),
+        ("the \u1d04at", {"type": "keywords_forbidden", "keywords": ["cat"]}),
+        ("the \u1d04\u1d00\u1d1b", {"type": "keyword_frequency", "keyword": "cat", "max": 0}),
         ("hello \U0001d416orld", {"type": "all_lowercase"}),
         ("HELLO \U0001d430", {"type": "all_uppercase"}),
         ("one_two_three four", {"type": "word_count", "max": 2}),
@@ -190,6 +210,9 @@ def test_property_underscores_separate_words(words, joints):
         "underscores",
         "low-9-quote",
         "ideographic-comma",
+        "low-acute-modifier",
+        "small-capital-c",
+        "small-capitals",
         "bold-capital",
         "bold-small",
         "underscored-words",

@@ -51,6 +51,13 @@ GSM8K_TABLE = [
     ("3 + 4 = 7, then 7 * 2 = 14", "#### 15", 0.0),
     ("no idea", "#### 3", 0.0),
     ("#### -4", "#### -4", 1.0),
+    # prose markers are every one an answer, as #### markers are: all must agree
+    ("The answer is 5. The answer is 6.", "#### 6", 0.0),
+    ("The answer is 5.\nThe answer is 6.", "#### 5", 0.0),
+    ("#### 5\n#### 6", "#### 6", 0.0),
+    ("The answer is 6.\nChecking: 2 * 3 = 6, so the answer is 6.", "#### 6", 1.0),
+    ("The answer is 6. Or 7, so the answer is 6.", "#### 6", 0.0),  # a value runs to its line's end
+    ("Answer: 6\nFinal answer is 6", "#### 6", 1.0),
 ]
 
 

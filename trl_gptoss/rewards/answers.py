@@ -7,12 +7,12 @@ never a false positive.
 - **The final message only.** Raw Harmony text is scored from the last ``final`` channel message's body
   up to its stop token; Harmony text without a final message has no answer.
 - **Marked answers only.** The answers are the outermost ``\\boxed{}``/``\\fbox{}``, else the values after
-  each ``####``, else the value after the last "answer is" / "Answer:" / "answer =". A rewarded
-  completion must state the truth in EVERY box (every ``####``): ``\\boxed{3} or \\boxed{4}`` lists
-  guesses. A box that only wraps a box is its content (``\\boxed{\\boxed{4}}`` is ``4``); a box inside
-  other text is part of that text (``\\boxed{3 + \\boxed{4}}`` is ``3 + \\boxed{4}``). A marker with
-  nothing after it, an unclosed box or one longer than ``MAX_ANSWER_CHARS`` gives no answer. There is no
-  "last number in the text" fallback in the rewards; ``extract_final_answer`` offers one for evaluation.
+  each ``####``, else the value after each "answer is" / "Answer:" / "answer =". A rewarded
+  completion must state the truth in EVERY box (every ``####``, every "answer is"): ``\\boxed{3} or
+  \\boxed{4}`` lists guesses. A box that only wraps a box is its content (``\\boxed{\\boxed{4}}`` is
+  ``4``); a box inside other text is part of that text (``\\boxed{3 + \\boxed{4}}`` is ``3 + \\boxed{4}``).
+  A marker with nothing after it, an unclosed box or one longer than ``MAX_ANSWER_CHARS`` gives no answer.
+  There is no "last number in the text" fallback in the rewards; ``extract_final_answer`` offers one for evaluation.
 - **One value.** A numeric truth needs one number: ``3, 4``, ``3 or 4``, ``1170 not``, ``2(3)`` are not.
 - **Exact numbers, precision as written.** Numbers compare as ``Fraction``. The one approximation allowed:
   a written decimal (a point with digits after it) of at least ``min_digits`` significant digits stands for
@@ -141,24 +141,29 @@ def last_boxed(text: str) -> str | None:
     return answers[-1] if answers else None
 
 
-def _value_after(text: str, index: int) -> str | None:
-    """The first non-blank line after ``index`` (bounded read), without a final ``.``; ``None`` if empty."""
+def _value_after(text: str, index: int, end: int | None = None) -> str | None:
+    """The first non-blank line after ``index`` (bounded read, and not past ``end``), without a final ``.``;
+    ``None`` if empty."""
     start = _BLANK.match(text, index).end()
-    line = text[start : start + MAX_ANSWER_CHARS + 1].split("\n", 1)[0].strip().rstrip(".").strip()
+    stop = start + MAX_ANSWER_CHARS + 1 if end is None else min(end, start + MAX_ANSWER_CHARS + 1)
+    line = text[start:stop].split("\n", 1)[0].strip().rstrip(".").strip()
     return line or None
 
 
 def marked_answers(text: str) -> list[str | None]:
     """Every marked answer of the first kind present: the outermost boxes, else the value after each
-    ``####`` (``None`` for one with nothing after it), else the value after the last "answer is"."""
+    ``####``, else the value after each "answer is" (``None`` for a marker with nothing after it). A reward
+    needs them all to agree: ``The answer is 5. The answer is 6.`` lists two answers, as two ``####`` do (a
+    self-correction must leave one answer; a reward cannot tell it from a hedge)."""
     boxes = boxed_answers(text)
     if boxes:
         return boxes
     marks = [_value_after(text, m.end()) for m in re.finditer(_GSM8K_MARK, text)]
     if marks:
         return marks
-    last = deque(_ANSWER_PHRASE.finditer(text), maxlen=1)  # only the last match is kept
-    return [_value_after(text, last[0].end())] if last else []
+    phrases = list(_ANSWER_PHRASE.finditer(text))
+    ends = [m.start() for m in phrases[1:]] + [None]  # a value ends where the next marker starts
+    return [_value_after(text, m.end(), end) for m, end in zip(phrases, ends)]
 
 
 def _lone_number_on_last_line(text: str) -> str | None:
