@@ -115,6 +115,43 @@ def test_secrets_come_from_the_environment_or_a_private_file(tmp_path, monkeypat
         read_secret_file(tmp_path / "missing")
 
 
+def test_a_secret_file_is_refused_unless_it_and_its_directory_are_yours_and_it_is_small(tmp_path):
+    """A private file another user planted (any mode), one in a directory others may write (not sticky) or own,
+    and an oversized file are refused, each message naming the file; a sticky shared directory is fine."""
+    from trl_gptoss.rollout.server_secret import MAX_SECRET_FILE_BYTES
+
+    def private(directory, text=SECRET + "\n"):
+        path = directory / "secret"
+        path.write_text(text)
+        path.chmod(0o600)
+        return path
+
+    big = private(tmp_path, SECRET + " " * MAX_SECRET_FILE_BYTES)
+    with pytest.raises(ValueError, match=f"secret file {big} is larger than {MAX_SECRET_FILE_BYTES} bytes"):
+        read_secret_file(big)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    path = private(shared)
+    shared.chmod(0o777)
+    with pytest.raises(ValueError, match=f"secret file {path} is in {shared}, which other users can write"):
+        read_secret_file(path)
+    link = tmp_path / "link"
+    link.symlink_to(path)  # a link of ours to a file in a directory others may write
+    with pytest.raises(ValueError, match=f"secret file {link} is in {shared}, which other users can write"):
+        read_secret_file(link)
+    shared.chmod(0o1777)  # sticky: others cannot rename or remove our file
+    assert read_secret_file(path) == SECRET == read_secret_file(link)
+    if os.geteuid() != 0:
+        return  # planting a file or a directory of another user needs root
+    os.chown(path, 65534, 65534)
+    with pytest.raises(ValueError, match=f"secret file {path} belongs to uid 65534, not to you"):
+        read_secret_file(path)
+    os.chown(path, 0, 0)
+    os.chown(shared, 65534, 65534)
+    with pytest.raises(ValueError, match=f"secret file {path} is in {shared}, which belongs to uid 65534"):
+        read_secret_file(path)
+
+
 def test_the_secret_reaches_the_server_by_environment_and_guards_it(tiny_checkpoint, monkeypatch):
     monkeypatch.delenv(SECRET_ENV, raising=False)
     monkeypatch.delenv(SECRET_FILE_ENV, raising=False)
