@@ -223,3 +223,11 @@ def test_the_default_location_is_found_and_serves_on_the_cpu(monkeypatch):
     monkeypatch.delenv(VLLM_PYTHON_ENV, raising=False)
     monkeypatch.chdir(ROOT)
     assert vllm_python() == CPU_SERVER and server_device(CPU_SERVER) == "cpu"
+
+
+def test_the_jobs_check_names_the_command_that_builds_the_server_environment(monkeypatch, tmp_path):
+    from trl_gptoss.scripts.grpo_checks import _local_server_problems
+
+    monkeypatch.setenv(VLLM_PYTHON_ENV, str(tmp_path / "srv" / "bin" / "python"))
+    [problem] = _local_server_problems()
+    assert f"`trl-gptoss setup-server --venv {tmp_path / 'srv'}`" in problem and "install vllm" not in problem

