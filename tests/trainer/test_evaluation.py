@@ -124,3 +124,75 @@ def test_two_processes_evaluate_their_own_shares_and_report_the_same_metrics(tau
     same = [{k: v for k, v in r["metrics"].items() if "timing/" not in k} for r in (rank0, rank1)]
     assert same[0] == same[1]  # gathered once, the same numbers everywhere (each rank's own timings aside)
     assert rank0["metrics"]["eval_problems"] == 5 and rank0["problems"] == [0, 1, 2, 3, 4]
+
+
+def _one_process_evaluation(taught, tokenizer, tmp_path, server_url: str, step: int) -> dict:
+    """Each evaluation set evaluated in this one process at ``step``, its two shares sampled with the seed streams
+    the two ranks use: the metrics a 2-process evaluation must report."""
+    from tests.trainer._eval_workers import eval_sets, fsdp2_args
+    from trl_gptoss.evaluation import summarize
+    from trl_gptoss.trainer import GptOssGRPOTrainer
+    from trl_gptoss.trainer.held_out import evaluate_share, run_graders
+
+    trainer = GptOssGRPOTrainer(
+        load_taught(taught[0]),
+        answer_reward,
+        args=fsdp2_args(str(tmp_path), server_url, fsdp=False),
+        train_dataset=prompt_dataset([1, 2, 0, 1]),
+        eval_dataset=eval_sets(),
+        processing_class=tokenizer,
+        tools=[AddTool()],
+        rollout_system=SYSTEM,
+    )
+    trainer.state.global_step = step
+    graders = run_graders(trainer)
+    metrics = {}
+    for name, dataset in eval_sets().items():
+        rows = [{**dict(row), "problem": index} for index, row in enumerate(dataset)]
+        results = [r for share in range(2) for r in evaluate_share(trainer, rows, graders, share, 2)]
+        summary = summarize(sorted(results, key=lambda r: r.problem), graders)
+        metrics.update({f"eval_{name}_{key}": value for key, value in summary.items()})
+    trainer.close()
+    return metrics
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.vllm
+@pytest.mark.xdist_group("vllm")
+def test_fsdp2_ranks_with_no_or_uneven_problems_join_every_collective_and_report_one_process_metrics(
+    taught, tokenizer, tmp_path, server
+):
+    """1 problem on 2 ranks (rank 1 has none) and 3 on 2 (uneven), at start, mid-run and after training: every
+    rank joins the weight push before sampling its share, so the run neither blocks nor pairs mismatched
+    collectives, and the metrics are those of one process evaluating the same problems with the same seeds."""
+    import torch
+
+    from tests.trainer._eval_workers import fsdp2_evaluate_rank
+    from trl_gptoss.testing.distributed import launch
+
+    state_path = tmp_path / "taught.pt"
+    torch.save(taught[0], state_path)
+    ranks = launch(fsdp2_evaluate_rank, 2, tmp_path / "run", str(state_path), str(tmp_path / "out"), server.base_url)
+    assert all(r["fsdp2"] for r in ranks)
+    assert _without_timings(ranks[0]) == _without_timings(ranks[1])  # gathered once, the same metrics everywhere
+    assert [w for w in ranks[1]["warnings"] if "has none of the 1 held-out problems" in w]
+    assert not [w for w in ranks[0]["warnings"] if "has none" in w]
+    rows = _without_timings(ranks[0])
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for row in rows:
+        expected = _one_process_evaluation(
+            taught, tokenizer, tmp_path / f"one-{row['step']}", server.base_url, row["step"]
+        )
+        assert row["eval_one_problems"] == 1 and row["eval_three_problems"] == 3
+        assert {key: row[key] for key in expected} == expected, row["step"]
+
+
+def _without_timings(rank: dict) -> list[dict]:
+    """A rank's evaluation metrics per step (each evaluation set logs a row of its own), without what differs per
+    rank and run: timings and wall times."""
+    steps: dict[int, dict] = {}
+    for row in rank["eval_rows"]:
+        kept = {k: v for k, v in row.items() if "timing/" not in k and not k.endswith("seconds")}
+        steps.setdefault(row["step"], {}).update(kept)
+    return [steps[step] for step in sorted(steps)]

@@ -6,17 +6,21 @@ weights of the step it reports (the ``Sampler`` pushes them first if the engine 
 background batch finished sampling), grades the samples with the row's task (a ``task`` column naming a
 ``TASKS`` row) or the run's own reward functions, and logs ``eval_<metric>`` and ``eval_<task>/<metric>``
 (``trl_gptoss.evaluation``). Evaluation trajectories are never trained on, and a background training batch
-keeps its place: evaluation never takes it. Every process evaluates its share of the problems (every
-``world``-th row); the results are gathered once and every process computes the same metrics.
+keeps its place: evaluation never takes it. Every process joins the weight push first, then evaluates its share of
+the problems (every ``world``-th row; possibly none, with a warning); the results are gathered once (a named
+collective with the run's ``ddp_timeout``) and every process computes the same metrics.
 """
 
 from __future__ import annotations
 
-from accelerate.utils import gather_object
+import logging
 
 from trl_gptoss.evaluation import evaluate_rows, reward_grader, summarize, task_graders
 from trl_gptoss.evaluation.run import timed
 from trl_gptoss.rollout.config import derive_seed
+from trl_gptoss.trainer.named_collectives import all_gather_object
+
+logger = logging.getLogger(__name__)
 
 # Evaluation samples with seeds of their own (never those of the training batch of the same step).
 EVAL_SEED_SALT = 0x5EED_E7A1
@@ -45,13 +49,41 @@ def evaluate_held_out(trainer, eval_dataset=None, metric_key_prefix: str = "eval
 
 
 def _evaluate(trainer, dataset) -> dict:
-    args, accelerator = trainer.args, trainer.accelerator
+    world, step = trainer.accelerator, trainer.state.global_step
     rows = [{**dict(row), "problem": index} for index, row in enumerate(dataset)]
-    mine = rows[accelerator.process_index :: accelerator.num_processes]
+    graders = run_graders(trainer)
+    if not rows[world.process_index :: world.num_processes]:
+        logger.warning(
+            "rank %d has none of the %d held-out problems (%d processes): it joins the weight push and the gather "
+            "with nothing to sample; more problems than processes keep every rank busy",
+            world.process_index,
+            len(rows),
+            world.num_processes,
+        )
+    trainer.sampler.push(step)  # collective: every rank joins it, whatever its share, before anything else
+    results, seconds = timed(evaluate_share, trainer, rows, graders, world.process_index, world.num_processes)
+    if world.num_processes > 1:  # every rank's problems, and the slowest rank's time
+        shares = all_gather_object(
+            (results, seconds), name="held-out evaluation: every rank's results", timeout_s=trainer.args.ddp_timeout
+        )
+        results, seconds = [r for share, _ in shares for r in share], max(s for _, s in shares)
+    trainer.held_out_results = sorted(results, key=lambda r: r.problem)  # per problem, for inspection
+    return summarize(trainer.held_out_results, graders, seconds=seconds) | {"weights_step": float(step)}
+
+
+def run_graders(trainer) -> dict:
+    """Every task's grader, and the run's own rewards for rows that name no task."""
     graders = task_graders()
     graders[OWN_REWARDS] = reward_grader(OWN_REWARDS, trainer.reward_funcs, trainer.reward_weights.tolist())
-    step = trainer.state.global_step
-    settings = {"seed": derive_seed(args.seed + EVAL_SEED_SALT, step, accelerator.process_index)}
+    return graders
+
+
+def evaluate_share(trainer, rows: list[dict], graders: dict, share: int, shares: int) -> list:
+    """The ``ProblemResult``s of share ``share`` of ``shares`` (rows ``share::shares``), sampled with that share's
+    seed stream at the trainer's current step: the part of an evaluation one process computes (none for an
+    empty share: the push already happened)."""
+    args, step = trainer.args, trainer.state.global_step
+    settings = {"seed": derive_seed(args.seed + EVAL_SEED_SALT, step, share)}
     if args.eval_temperature is not None:
         settings["temperature"] = args.eval_temperature
 
@@ -59,8 +91,4 @@ def _evaluate(trainer, dataset) -> dict:
         return trainer.sampler.sample(prompts, step, train=False, settings=settings).rollouts
 
     k = args.num_generations_eval or args.num_generations
-    results, seconds = timed(evaluate_rows, sample, mine, graders, k, OWN_REWARDS)
-    if accelerator.num_processes > 1:  # every rank's problems, and the slowest rank's time
-        results, seconds = gather_object(results), max(gather_object([seconds]))
-    trainer.held_out_results = sorted(results, key=lambda r: r.problem)  # per problem, for inspection
-    return summarize(trainer.held_out_results, graders, seconds=seconds) | {"weights_step": float(step)}
+    return evaluate_rows(sample, rows[share::shares], graders, k, OWN_REWARDS)
