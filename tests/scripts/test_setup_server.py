@@ -82,6 +82,10 @@ def test_an_existing_server_environment_is_reused_not_recreated(capsys):
     assert [command[:3] for command in commands] == [[str(CPU_SERVER), "-m", "pip"]] * 3  # no `-m venv` step
 
 
+def test_the_default_venv_is_where_vllm_python_looks():
+    assert setup_server.DEFAULT_VENV == server.SERVER_VENV
+
+
 def test_make_setup_vllm_runs_the_command_into_venv_vllm():
     out = subprocess.run(
         ["make", "-n", "-B", "-C", str(ROOT), ".stamps/vllm"], capture_output=True, text=True, timeout=60

@@ -31,15 +31,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trl_gptoss.rollout.server import (
-    SERVER_VENV,
-    SERVER_VLLM_DEVICE,
-    VLLM_PYTHON_ENV,
-    WORKER_EXTENSION_DIR,
-    server_python_problem,
-)
-
 MIN_PYTHON = (3, 11)  # vllm 0.32.0 and 0.33.0: Requires-Python >=3.11
+DEFAULT_VENV = ".venv-vllm"  # rollout.server.SERVER_VENV, where vllm_python() looks (imported lazily: it loads torch)
 PIP_TIMEOUT_S = 3600  # one pip step: vLLM's GPU wheels are several GB
 
 
@@ -117,6 +110,8 @@ def check_existing_venv(venv: Path, build: ServerBuild) -> bool:
             f"--venv {venv} holds trl-gptoss {packages['trl-gptoss']}: the server needs an environment of its own "
             "(vLLM pins a transformers older than trl-gptoss's); pass another --venv"
         )
+    from trl_gptoss.rollout.server import SERVER_VLLM_DEVICE
+
     for other in set(SERVER_VLLM_DEVICE) - {build.vllm}:
         if other in packages:
             raise SetupRefused(
@@ -139,6 +134,7 @@ def build_commands(venv: Path, python: str, build: ServerBuild, reuse: bool) -> 
 
 def verify(venv: Path, build: ServerBuild) -> tuple[dict, list[str]]:
     """The probe of the built environment and every reason it cannot serve our pushes (empty: it can)."""
+    from trl_gptoss.rollout.server import WORKER_EXTENSION_DIR, server_python_problem
     from trl_gptoss.scripts.env import harmony_problem, run_probe
 
     python = venv / "bin" / "python"
@@ -181,6 +177,8 @@ def _run(commands: list[list[str]]) -> None:
 
 
 def _ready_message(venv: Path, stack: dict) -> str:
+    from trl_gptoss.rollout.server import SERVER_VENV, SERVER_VLLM_DEVICE, VLLM_PYTHON_ENV
+
     packages = stack["packages"]
     vllm = next(f"{name} {packages[name]}" for name in SERVER_VLLM_DEVICE if packages.get(name))
     lines = [
@@ -229,7 +227,7 @@ def register(sub) -> None:
         description="Build the rollout server's own environment, apart from the trainer's (docs/install.md).",
     )
     parser.add_argument(
-        "--venv", default=SERVER_VENV, help=f"where the environment goes (default: ./{SERVER_VENV}, found there)"
+        "--venv", default=DEFAULT_VENV, help=f"where the environment goes (default: ./{DEFAULT_VENV}, found there)"
     )
     parser.add_argument(
         "--device",
