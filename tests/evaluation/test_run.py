@@ -1,9 +1,11 @@
 """``evaluate_rows`` + ``summarize`` over real rollouts (the rollout loop with a scripted engine), real rewards."""
 
+import re
+
 import pytest
 
 from tests.rollout.loop_helpers import final, scripted, user
-from trl_gptoss.evaluation import Grader, evaluate_rows, summarize, task_graders
+from trl_gptoss.evaluation import Grader, evaluate_rows, reward_grader, summarize, task_graders
 from trl_gptoss.rollout.loop import run_rollouts
 from trl_gptoss.testing import harmony_tokenizer
 
@@ -68,3 +70,46 @@ def test_a_row_naming_an_unknown_task_is_refused(tokenizer):
     sample, _ = _sampler(tokenizer)
     with pytest.raises(ValueError, match=r"row 0 names task 'chess'"):
         evaluate_rows(sample, [{**ROWS[0], "task": "chess"}], task_graders(), k=1, default_task="retool")
+
+
+@pytest.mark.parametrize(
+    ("value", "refusal"),
+    [
+        (float("inf"), r"reward function 'hostile' returned inf for completion 0; rewards must be finite"),
+        (float("nan"), r"reward function 'hostile' returned nan for completion 0; rewards must be finite"),
+        ("1", r"reward function 'hostile' returned str '1' for completion 0; return a number"),
+        ({"score": 1}, r"reward function 'hostile' returned dict .* return a number"),
+        (object(), r"reward function 'hostile' returned object for completion 0, which is not a number"),
+        (1e12, r"reward function 'hostile' returned 1000000000000.0 .* at most 1e\+09 in magnitude"),
+    ],
+    ids=["inf", "nan", "string", "dict", "object", "huge"],
+)
+def test_a_reward_training_refuses_makes_its_sample_wrong_with_the_functions_name(tokenizer, value, refusal):
+    """One grading rule: what training's reward checks refuse (naming the function) is a wrong sample with the
+    refusal in ``reward_errors``, never a right one, and never a crash of the evaluation."""
+    sample, _ = _sampler(tokenizer)
+
+    def hostile(completions, **kwargs):
+        return [value]
+
+    graders = {"mine": Grader("mine", hostile)}
+    results = evaluate_rows(sample, [{**ROWS[0], "task": "mine"}], graders, k=2, default_task="mine")
+    assert results[0].correct == [False, False] and results[0].rewards == [None, None]
+    assert all(re.search(refusal, error) for error in results[0].reward_errors), results[0].reward_errors
+    metrics = summarize(results, graders)
+    assert metrics["reward_errors"] == 2.0 and metrics["mean@2"] == 0.0 and metrics["pass@2"] == 0.0
+
+
+def test_a_runs_own_rewards_are_checked_one_by_one_naming_the_refused_function(tokenizer):
+    sample, _ = _sampler(tokenizer)
+
+    def fine(completions, **kwargs):
+        return [1.0]
+
+    def infinite(completions, **kwargs):
+        return [float("inf")]
+
+    graders = {"rewards": reward_grader("rewards", [fine, infinite], [1.0, 0.0])}
+    (result,) = evaluate_rows(sample, [{**ROWS[0], "task": "rewards"}], graders, k=1, default_task="rewards")
+    assert result.correct == [False]  # a zero weight does not hide a refused value (inf * 0 would be nan)
+    assert "reward function 'infinite' returned inf" in result.reward_errors[0]

@@ -17,8 +17,13 @@ def task_graders() -> dict[str, Grader]:
 
 
 def reward_grader(name: str, reward_funcs, weights=None) -> Grader:
-    """A grader from a run's own reward functions (TRL's weighted sum, as training scores): for an evaluation
-    set that names no task. No answers to vote on: no maj@k."""
+    """A grader from a run's own reward functions (TRL's weighted sum, as training scores), each checked as training
+    checks it (``checked_reward``: a refused value raises naming that function): for an evaluation set that names
+    no task. A function that cannot score a completion (None) leaves the sample unscored. No answers to vote on:
+    no maj@k."""
+    from trl_gptoss.trainer.checks import checked_reward  # here: trl_gptoss.trainer imports this package
+
+    reward_funcs = [checked_reward(func) for func in reward_funcs]
     weights = list(weights) if weights is not None else [1.0] * len(reward_funcs)
 
     def reward(**kwargs) -> list:
@@ -30,4 +35,5 @@ def reward_grader(name: str, reward_funcs, weights=None) -> Grader:
             total += weight * float(value)
         return [total]
 
+    reward.__name__ = name
     return Grader(name, reward)

@@ -6,8 +6,10 @@ the same code. All ``problems x k`` conversations are handed over at once: the r
 together, tool calls included.
 
 A sample is correct when its reward reaches ``CORRECT_REWARD`` (1: ReTool's +1, GSM8K's 1, VerifyIf's all
-constraints met). A reward function that raises on a sample makes that sample wrong, and the error is reported
-with the problem (``reward_errors``), never dropped.
+constraints met). Rewards pass the checks training applies to them (``trl_gptoss.trainer.checks.checked_reward``:
+one number per completion, finite, not a string; None marks a completion the function cannot score). A reward
+function that raises or returns what those checks refuse makes that sample wrong, and the error -- naming the
+function -- is reported with the problem (``reward_errors``), never dropped and never counted as right.
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ def evaluate_rows(sample, rows: Sequence[dict], graders: dict[str, Grader], k: i
     grader; else ``default_task``). Returns one ``ProblemResult`` per row, in order."""
     if k < 1:
         raise ValueError(f"k (samples per problem) must be >= 1, got {k}")
+    # imported here: trl_gptoss.trainer imports this package (its evaluation hook)
+    from trl_gptoss.trainer.checks import checked_reward
+
+    checked = {name: checked_reward(grader.reward) for name, grader in graders.items()}
     prompts = [row["prompt"] for row in rows for _ in range(k)]
     rollouts = sample(prompts) if prompts else []
     if len(rollouts) != len(prompts):
@@ -69,7 +75,7 @@ def evaluate_rows(sample, rows: Sequence[dict], graders: dict[str, Grader], k: i
             raise ValueError(f"evaluation row {index} names task {task!r}; graders exist for {sorted(graders)}")
         result = ProblemResult(task=task, problem=row.get("problem", index), prompt=row["prompt"])
         for rollout in rollouts[index * k : (index + 1) * k]:
-            _grade(result, rollout, row, graders[task])
+            _grade(result, rollout, row, graders[task], checked[task])
         results.append(result)
     return results
 
@@ -78,17 +84,17 @@ def evaluate_rows(sample, rows: Sequence[dict], graders: dict[str, Grader], k: i
 ROLLOUT_FIELDS = ("final_answer", "messages", "num_turns", "num_tool_calls", "num_tool_errors", "stop_reason")
 
 
-def _grade(result: ProblemResult, rollout, row: dict, grader: Grader) -> None:
+def _grade(result: ProblemResult, rollout, row: dict, grader: Grader, reward_func) -> None:
     text = rollout.final_answer or ""
     columns = {name: [value] for name, value in row.items() if name not in ("prompt", "task", "problem")}
     columns.update({name: [getattr(rollout, name)] for name in ROLLOUT_FIELDS})
     completion = [[{"role": "assistant", "content": text}]]
     try:
-        (reward,) = grader.reward(
+        (reward,) = reward_func(
             prompts=[row["prompt"]], completions=completion, completion_ids=[rollout.completion_ids], **columns
         )
         error = None
-    except Exception as exc:  # a crashing reward makes this sample wrong, reported with the problem
+    except Exception as exc:  # a crashing or refused reward makes this sample wrong, reported with the problem
         reward, error = None, f"{type(exc).__name__}: {exc}"
     result.final_answers.append(rollout.final_answer)
     result.answers.append(grader.answer(text) if grader.answer is not None and rollout.final_answer else None)
