@@ -22,8 +22,9 @@ replace the weights the trainer learns from.
 Flags weight sync needs: ``VLLM_SERVER_DEV_MODE=1`` (``/collective_rpc``, ``/reset_prefix_cache``), the worker
 extension ``gptoss_vllm_worker.GptOssWeightSyncExtension`` (a file importable without trl_gptoss, put on the
 server's ``PYTHONPATH``), ``--logprobs-mode processed_logprobs`` (log-probs of the distribution actually
-sampled from) and, on GPUs, ``--weight-transfer-config {"backend": "nccl"}`` and ``--moe-backend triton`` unless
-the caller chose a MoE backend (``PUSH_MOE_BACKEND``).
+sampled from) and, on GPUs, ``--moe-backend triton`` unless the caller chose a MoE backend (``PUSH_MOE_BACKEND``).
+Weights arrive over a process group the worker extension joins when the trainer asks (``weights/group_push.py``):
+vLLM's own weight-transfer engine is not used.
 
 The server dies with the process that started it. It and every process it spawns (the engine core) live in
 one process group, killed by ``stop()``; if the starting process dies without calling it (SIGKILL, a crash),
@@ -415,10 +416,8 @@ class VLLMServer:
             args.append("--enforce-eager")
             if not any(str(a).endswith("enable-chunked-prefill") for a in extra_args):
                 args.append(NO_CHUNKED_PREFILL)
-        else:
-            args += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
-            if not names_moe_backend(extra_args):
-                args += [MOE_BACKEND_FLAG, PUSH_MOE_BACKEND]
+        elif not names_moe_backend(extra_args):
+            args += [MOE_BACKEND_FLAG, PUSH_MOE_BACKEND]
         return args + [str(a) for a in extra_args]
 
     def _kv_cache_bytes(self, kv_cache_gib, max_num_seqs, dtype, extra_args) -> int | None:
