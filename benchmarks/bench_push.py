@@ -121,6 +121,36 @@ def layer_bytes(config, element_size: int = 4) -> int:
     return (attention + moe + 2 * h) * element_size
 
 
+class GatherOnly:
+    """A pusher that takes every layer and sends nothing: the push's floor (the gathers of FSDP2 shards, the casts),
+    which no transport can remove. Subtracted from a push, it leaves the transport's own seconds."""
+
+    passes = ("reload", "direct")
+    dtype = torch.float32
+
+    def begin(self, layout) -> None: ...
+    def send(self, pass_name, group) -> None: ...
+    def end_pass(self, pass_name) -> None: ...
+    def finish(self) -> None: ...
+    def abort(self) -> None: ...
+
+
+def gather_only_seconds(model, repeats: int) -> list[float]:
+    """``push_model`` into ``GatherOnly`` (collective, every rank)."""
+    import torch.distributed as dist
+
+    from trl_gptoss.rollout.weights import push_model
+
+    seconds = []
+    for _ in range(repeats):
+        if dist.is_initialized():
+            dist.barrier()
+        started = time.perf_counter()
+        push_model(lambda: [GatherOnly()], model)
+        seconds.append(time.perf_counter() - started)
+    return seconds
+
+
 def timed_pushes(engine, model, repeats: int, expected: torch.Tensor | None):
     """Push ``repeats + 1`` times (collective: every rank calls; ``engine`` only on rank 0). The first push is
     verified against ``expected`` on rank 0; returns (seconds of the timed pushes, rank-local PushStats of the
@@ -162,7 +192,7 @@ def fsdp2_rank(rank: int, world: int, url: str, shape: list[int], repeats: int) 
     seconds, stats, error, bucket = timed_pushes(engine, model, repeats, expected)
     if engine is not None:
         engine.close()
-    return _row(seconds, stats, error, bucket)
+    return {**_row(seconds, stats, error, bucket), "gather_only_s": gather_only_seconds(model, repeats)}
 
 
 def _row(seconds, stats, error: float, bucket: int) -> dict:
@@ -194,6 +224,7 @@ def main_transports(args) -> None:
                 os.environ[TRANSPORT_ENV] = transport  # read by every pusher, here and in the spawned ranks
                 engine = VLLMServerEngine(server.base_url, timeout=600)
                 rows[f"{transport}, 1 process"] = _row(*timed_pushes(engine, model, args.repeats, expected))
+                rows[f"{transport}, 1 process"]["gather_only_s"] = gather_only_seconds(model, args.repeats)
                 engine.close()
                 ranks = launch(fsdp2_rank, 2, Path(tmp) / transport, server.base_url, shape, args.repeats, timeout=900)
                 rows[f"{transport}, FSDP2 2 ranks"] = ranks[0]
@@ -203,19 +234,24 @@ def main_transports(args) -> None:
         f"one decoder layer's full weights from the config: {arithmetic / 2**20:.2f} MiB; server start {startup:.0f}s"
     )
     print(
-        f"{'transport, layout':<29} {'push s (best)':>13} {'median':>7} {'s/GB':>6} {'peak extra MiB':>15} "
-        f"{'of which bucket':>15} {'max err':>8}"
+        f"{'transport, layout':<29} {'push s (best)':>13} {'median':>7} {'s/GB':>6} {'gathers s':>9} "
+        f"{'transport s/GB':>14} {'peak extra MiB':>15} {'of which bucket':>15} {'max err':>8}"
     )
     for name, row in rows.items():
         best, median = min(row["push_s"]), sorted(row["push_s"])[len(row["push_s"]) // 2]
-        row.update(s_per_gb=best / size_gb, median_s_per_gb=median / size_gb)
+        floor = min(row["gather_only_s"])
+        row.update(
+            s_per_gb=best / size_gb, median_s_per_gb=median / size_gb, transport_s_per_gb=(best - floor) / size_gb
+        )
         print(
-            f"{name:<29} {best:13.2f} {median:7.2f} {best / size_gb:6.2f} {row['peak_bytes'] / 2**20:15.2f} "
-            f"{row['bucket_bytes'] / 2**20:15.2f} {row['error']:8.1e}"
+            f"{name:<29} {best:13.2f} {median:7.2f} {best / size_gb:6.2f} {floor:9.2f} "
+            f"{row['transport_s_per_gb']:14.2f} {row['peak_bytes'] / 2**20:15.2f} {row['bucket_bytes'] / 2**20:15.2f} "
+            f"{row['error']:8.1e}"
         )
     speedups = {
-        layout: rows[f"file, {layout}"]["s_per_gb"] / rows[f"process_group, {layout}"]["s_per_gb"]
+        f"{layout}, {measure}": rows[f"file, {layout}"][key] / rows[f"process_group, {layout}"][key]
         for layout in ("1 process", "FSDP2 2 ranks")
+        for measure, key in (("whole push", "s_per_gb"), ("transport", "transport_s_per_gb"))
     }
     print("process group vs file push, per GB (best of each):", {k: f"{v:.2f}x" for k, v in speedups.items()})
     result = {
