@@ -12,14 +12,37 @@ rank 0 (``push_layers``), never the whole model in one process:
   config's ``dtype`` is the widest of them (bf16 weights keep their norms in fp32), so ``dtype="auto"`` loads
   them as saved;
 - a PEFT model as its adapter (``adapter_config.json``, ``adapter_model.safetensors``), as TRL saves one.
+
+The save is staged (``staged_save``): everything is written into a fresh directory beside ``output_dir`` and
+moved in by rename, so a job re-run or extended into the same ``output_dir`` never leaves the new model's files
+beside an earlier one's. A failure while writing (a full disk, a kill: the long part) removes the staging
+directory and leaves the earlier model intact and loadable. The install is renames only: the earlier model's
+files go first, its config and index before its weights, then the new files come in, config and index last;
+a kill in those few milliseconds leaves nothing loadable, never a mix. Checkpoints, logs and anything else in
+``output_dir`` stay where they are.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import secrets
+import shutil
 from pathlib import Path
 
 import torch
+
+# The files a saved model (or adapter) consists of, with the tokenizer's and the training arguments; an earlier
+# save's files of these names are removed when a new model is moved in. What says "this is a model" goes first
+# on the way out and last on the way in: with it absent, nothing half-installed loads.
+_MODEL_FILE = re.compile(
+    r"(?:model(?:-\d+-of-\d+|-\d+)?\.safetensors|pytorch_model(?:-\d+-of-\d+)?\.bin|"
+    r"(?:model\.safetensors|pytorch_model\.bin)\.index\.json|config\.json|generation_config\.json|"
+    r"adapter_config\.json|adapter_model\.(?:safetensors|bin)|training_args\.bin)"
+)
+_MARKERS = ("model.safetensors.index.json", "pytorch_model.bin.index.json", "config.json", "adapter_config.json")
+_STAGING = ".{name}.saving-{pid}-"
 
 
 def writes_no_weights(trainer) -> bool:
@@ -32,21 +55,89 @@ def writes_no_weights(trainer) -> bool:
 def save_gathered(trainer, output_dir: str) -> None:
     """Write the trained model (or adapter), its tokenizer and the training arguments to ``output_dir``.
     Collective: every rank calls it; the global main process, which the gathers deliver to, writes."""
+    save_trained_model(
+        trainer.accelerator.unwrap_model(trainer.model),
+        output_dir,
+        writer=trainer.accelerator.is_main_process,
+        processing_class=trainer.processing_class,
+        training_args=trainer.args,
+    )
+
+
+def save_trained_model(model, output_dir, *, writer: bool, processing_class=None, training_args=None) -> None:
+    """``save_gathered`` without a trainer: ``model`` (unwrapped; a ``PeftModel`` saves its adapter) staged and
+    moved into ``output_dir`` by the ``writer``; every rank calls it (the gathers are collective)."""
     from trl_gptoss.rollout.weights.merged_checkpoint import save_merged_checkpoint
 
-    writer = trainer.accelerator.is_main_process
-    path = Path(output_dir)
-    if writer:
-        path.mkdir(parents=True, exist_ok=True)
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    if _is_peft(model):
-        _save_adapter(model, path if writer else None)
-    else:
-        save_merged_checkpoint(model, path if writer else None, config_dtype=_widest_dtype(model))
-    if writer:
-        if trainer.processing_class is not None:
-            trainer.processing_class.save_pretrained(output_dir)
-        torch.save(trainer.args, os.path.join(output_dir, "training_args.bin"))
+    with staged_save(Path(output_dir), writer) as stage:
+        if _is_peft(model):
+            _save_adapter(model, stage)
+        else:
+            save_merged_checkpoint(model, stage, config_dtype=_widest_dtype(model))
+        if stage is not None:
+            if processing_class is not None:
+                processing_class.save_pretrained(stage)
+            if training_args is not None:
+                torch.save(training_args, stage / "training_args.bin")
+
+
+@contextlib.contextmanager
+def staged_save(target: Path, writer: bool = True):
+    """Yields a fresh directory beside ``target`` to write a model into (``None`` where ``writer`` is false), and
+    moves its files into ``target`` when the block ends without an exception; with one, it is removed and
+    ``target`` is as it was."""
+    if not writer:
+        yield None
+        return
+    target = target.absolute()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_dead_stagings(target)
+    stage = target.parent / (_STAGING.format(name=target.name, pid=os.getpid()) + secrets.token_hex(4))
+    stage.mkdir()
+    try:
+        yield stage
+        _install(stage, target)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _install(stage: Path, target: Path) -> None:
+    """Move the staged files into ``target`` by rename: the earlier model's out first (its markers first), then
+    the new files in (markers last)."""
+    if not target.exists():
+        os.rename(stage, target)  # one rename: all or nothing
+        return
+    old = [p for p in target.iterdir() if _MODEL_FILE.fullmatch(p.name)]
+    new = list(stage.iterdir())
+    old_markers_first = sorted(old, key=lambda p: p.name not in _MARKERS)
+    new_markers_last = sorted(new, key=lambda p: p.name in _MARKERS)
+    for path in old_markers_first:
+        _move(path, stage / f".old-{path.name}")
+    for path in new_markers_last:
+        _move(path, target / path.name)
+
+
+def _move(source: Path, destination: Path) -> None:
+    os.replace(source, destination)
+
+
+def _remove_dead_stagings(target: Path) -> None:
+    """Staging directories an earlier save of ``target`` left when its process was killed."""
+    prefix = f".{target.name}.saving-"
+    for path in target.parent.glob(prefix + "*"):
+        pid = path.name[len(prefix) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)) and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _is_peft(model) -> bool:
