@@ -246,6 +246,31 @@ HOST_WIDE_PROC = [
     "/proc/key-users",
     "/proc/filesystems",
     "/proc/kallsyms",
+    "/proc/config.gz",
+    "/proc/crypto",
+    "/proc/consoles",
+    "/proc/devices",
+    "/proc/misc",
+    "/proc/dma",
+    "/proc/execdomains",
+    "/proc/iomem",
+    "/proc/ioports",
+    "/proc/swaps",
+    "/proc/keys",
+    "/proc/locks",
+]
+# Files other kernels have (or let other users read): listed in the docs too, not required to be readable here.
+ELSEWHERE_PROC = [
+    "/proc/modules",
+    "/proc/mdstat",
+    "/proc/mtrr",
+    "/proc/fb",
+    "/proc/schedstat",
+    "/proc/sched_debug",
+    "/proc/timer_list",
+    "/proc/latency_stats",
+    "/proc/bootconfig",
+    "/proc/version_signature",
 ]
 
 
@@ -254,9 +279,31 @@ def test_the_docs_list_the_host_wide_proc_files_a_call_reads(sandbox):
     docs = (Path(__file__).parents[2] / "docs" / "tools_and_rewards.md").read_text()
     listed = " ".join(docs.split())  # the list wraps across lines
     present = [path for path in HOST_WIDE_PROC if os.path.exists(path)]  # PSI, for one, may be compiled out
-    result = sandbox.run(f"for path in {present!r}:\n    print(path, len(open(path).read(65536)))\n")
+    result = sandbox.run(f"for path in {present!r}:\n    print(path, len(open(path, 'rb').read(65536)))\n")
     assert result.ok, result.render()
     assert [line.split()[0] for line in result.stdout.splitlines()] == present, result.render()
-    for path in HOST_WIDE_PROC:
+    for path in HOST_WIDE_PROC + ELSEWHERE_PROC:
         name = path.replace("/proc/pressure/cpu", "/proc/pressure/{cpu,memory,io}")
         assert f"`{name}`" in listed, f"{path} is readable in a call but not listed in the docs"
+
+
+@namespaces_only
+def test_every_top_level_proc_file_a_call_reads_is_listed(sandbox):
+    """Not only the files this test knows: every regular file at the top of the call's ``/proc`` that it can
+    read is listed here (and so in the docs), so a kernel that adds one shows up here."""
+    code = (
+        "import os\n"
+        "for name in sorted(os.listdir('/proc')):\n"
+        "    path = '/proc/' + name\n"
+        "    if name.isdigit() or os.path.islink(path) or not os.path.isfile(path):\n"
+        "        continue\n"
+        "    try:\n"
+        "        open(path, 'rb').read(1)\n"
+        "    except OSError:\n"
+        "        continue\n"
+        "    print(path)\n"
+    )
+    result = sandbox.run(code)
+    assert result.ok, result.render()
+    unlisted = sorted(set(result.stdout.split()) - set(HOST_WIDE_PROC + ELSEWHERE_PROC))
+    assert unlisted == [], f"readable in a call, not listed here and in the docs: {unlisted}"

@@ -8,9 +8,11 @@ would break numpy/sympy/multiprocessing on kernel or libc updates):
 - namespaces and mounts: ``unshare``, ``setns``, ``clone``/``clone3`` with any ``CLONE_NEW*`` flag
   (``clone3`` is refused with ``ENOSYS`` so libc falls back to ``clone``, whose flags BPF can read), ``mount``
   and the new mount API, ``pivot_root``, ``chroot``;
-- other processes' memory: ``ptrace``, ``process_vm_readv/writev``, ``pidfd_getfd``;
+- other processes' memory and files: ``ptrace``, ``process_vm_readv/writev``, ``process_madvise``,
+  ``pidfd_getfd``, ``kcmp``;
 - kernel attack surface: ``bpf``, ``perf_event_open``, ``userfaultfd``, ``io_uring_*``, ``keyctl`` and
-  friends, ``open_by_handle_at``, modules, ``kexec``, ``syslog``, ``personality``, swap, reboot, ...;
+  friends, ``open_by_handle_at``, modules, ``kexec``, ``syslog``, ``personality``, ``memfd_secret``, swap,
+  reboot, and on x86-64 ``modify_ldt`` (refused by Docker's default profile too), ``iopl``, ``ioperm``, ...;
 - sockets other than ``AF_UNIX``/``AF_INET``/``AF_INET6`` (netlink, vsock, packet, ... fail with
   ``EAFNOSUPPORT``; the network namespace already has no interface but its own loopback);
 - ``ioctl(TIOCSTI)`` (typing into a terminal).
@@ -87,6 +89,12 @@ _ARCHES = {
             "vhangup": 153,
             "personality": 135,
             "fanotify_init": 300,
+            "modify_ldt": 154,
+            "memfd_secret": 447,
+            "iopl": 172,
+            "ioperm": 173,
+            "kcmp": 312,
+            "process_madvise": 440,
             "clone": 56,
             "clone3": 435,
             "socket": 41,
@@ -143,6 +151,9 @@ _ARCHES = {
             "vhangup": 58,
             "personality": 92,
             "fanotify_init": 262,
+            "memfd_secret": 447,
+            "kcmp": 272,
+            "process_madvise": 440,
             "clone": 220,
             "clone3": 435,
             "socket": 198,
