@@ -17,6 +17,11 @@ NO_EVAL = {"eval_strategy": "no", "eval_on_start": False, "eval_problems": 0}
         pytest.param({**NO_EVAL, "eval_problems": 8}, "eval_problems=8 but nothing evaluates them", id="unused"),
         pytest.param({"eval_problems": 0}, "eval_problems is 0", id="evaluates-nothing"),
         pytest.param({"num_generations_eval": 0}, "num_generations_eval", id="k-0"),
+        pytest.param(
+            {"load_best_model_at_end": True, "save_strategy": "steps", "eval_strategy": "steps", "eval_steps": 2},
+            "metric_for_best_model='loss' (load_best_model_at_end=True defaults it to 'loss')",
+            id="best-by-loss",
+        ),
     ],
 )
 def test_evaluation_settings_that_cannot_work_are_refused_before_loading(tmp_path, changes, message):

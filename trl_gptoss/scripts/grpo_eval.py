@@ -58,6 +58,10 @@ def eval_problems(job, training) -> list[str]:
             f"eval_strategy={strategy!r} / eval_on_start={training.eval_on_start} evaluate, but eval_problems is 0: "
             "set eval_problems (held-out problems of the task) or eval_strategy: no"
         )
+    from trl_gptoss.trainer.held_out import best_model_metric_problem
+
+    if problem := best_model_metric_problem(training):
+        problems.append(problem)
     k = training.num_generations_eval
     if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
         problems.append(f"num_generations_eval={k!r}: give the samples per held-out problem, an integer >= 1")

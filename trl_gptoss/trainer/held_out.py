@@ -92,3 +92,23 @@ def evaluate_share(trainer, rows: list[dict], graders: dict, share: int, shares:
 
     k = args.num_generations_eval or args.num_generations
     return evaluate_rows(sample, rows[share::shares], graders, k, OWN_REWARDS)
+
+
+def best_model_metric_problem(args) -> str | None:
+    """Why ``metric_for_best_model`` cannot be followed, or None. ``evaluate()`` reports held-out accuracy, not
+    TRL's ``eval_loss``: the GRPO loss of freshly sampled evaluation groups is about ``beta * KL`` by construction
+    (advantages are normalised within each group and the ratio is 1), so a "best" checkpoint by it is noise, and
+    computing it would sample the evaluation set a second time. ``load_best_model_at_end`` (and transformers'
+    default of ``metric_for_best_model: loss`` that comes with it) is refused before training, naming what is
+    logged instead."""
+    metric = args.metric_for_best_model
+    if metric not in ("loss", "eval_loss"):
+        return None
+    k = args.num_generations_eval or args.num_generations
+    why = " (load_best_model_at_end=True defaults it to 'loss')" if args.load_best_model_at_end else ""
+    return (
+        f"metric_for_best_model={metric!r}{why}, but evaluate() logs held-out accuracy, not eval_loss (the GRPO loss "
+        "of sampled evaluation groups is about beta*KL by construction: it ranks checkpoints by noise). Set "
+        f"metric_for_best_model to one it logs, with greater_is_better=True: 'eval_mean@{k}', 'eval_pass@1', "
+        f"'eval_reward', or per task 'eval_<task>/mean@{k}' (with several evaluation sets: 'eval_<set>_mean@{k}')"
+    )

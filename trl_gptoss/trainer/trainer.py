@@ -21,7 +21,7 @@ from trl_gptoss.trainer.checks import check_world, checked_rewards
 from trl_gptoss.trainer.config import GptOssGRPOConfig
 from trl_gptoss.trainer.final_save import save_gathered, writes_no_weights
 from trl_gptoss.trainer.fsdp_precision import keep_outputs_as_computed
-from trl_gptoss.trainer.held_out import evaluate_held_out
+from trl_gptoss.trainer.held_out import best_model_metric_problem, evaluate_held_out
 from trl_gptoss.trainer.logprob_head import replace_fused_heads
 from trl_gptoss.trainer.loss_pass import LocalCollectives, LossPass
 from trl_gptoss.trainer.master_weights import MasterWeightsGuard
@@ -64,6 +64,8 @@ class GptOssGRPOTrainer(GRPOTrainer):
         args = args if args is not None else GptOssGRPOConfig("trl-gptoss-grpo")
         if not isinstance(args, GptOssGRPOConfig):
             raise ValueError(f"args must be a GptOssGRPOConfig, got {type(args).__name__}")
+        if problem := best_model_metric_problem(args):  # before the model loads
+            raise ValueError(problem)
         reward_funcs = checked_rewards(reward_funcs, train_dataset, kwargs.get("eval_dataset"), args.reward_weights)
         resolve_aux_coef(args, model)
         model = load_policy(model, args)
@@ -140,7 +142,8 @@ class GptOssGRPOTrainer(GRPOTrainer):
             return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
-        """Held-out mean@k / pass@k / maj@k through the ``Sampler`` (``trl_gptoss.trainer.held_out``)."""
+        """Held-out mean@k / pass@k / maj@k through the ``Sampler`` (``trl_gptoss.trainer.held_out``); no
+        ``eval_loss`` (``best_model_metric_problem`` says why and refuses a ``metric_for_best_model`` needing it)."""
         return evaluate_held_out(self, eval_dataset, metric_key_prefix)
 
     # -- loss-side hooks ----------------------------------------------------------------------------------
