@@ -9,17 +9,22 @@ a 64-token prefix against a float64 reference before timing, then measures:
 
 - peak: VmHWM - VmRSS around the first measured call (``/proc/self/clear_refs`` resets the high-water mark;
   ``MALLOC_MMAP_THRESHOLD_`` is pinned so freed tensors leave RSS), includes weight gradients in train mode
-  (``set_to_none`` before each call) and the growth of oneDNN's per-shape caches; ``peak_warm_mib`` is the same
-  for the second call (caches warm), when the case is fast enough to run twice;
+  (``set_to_none`` before each call) and the growth of oneDNN's per-shape caches; ``peak_warm_mib`` is the
+  smallest of the later calls' (caches warm; the least disturbed by heap reuse, as the time is the fastest),
+  when the case is fast enough to run more than once;
 - time: the fastest of up to 3 calls, wall and CPU seconds (the minimum is the estimate least disturbed by
   other jobs on a shared machine; the median wall time is kept in the JSON).
 
-Usage: ``python benchmarks/bench_experts.py [--quick] [--only eval:16384] [--out benchmarks/results/experts_cpu.json]``.
+Usage: ``python benchmarks/bench_experts.py [--quick] [--suite all|precisions] [--only eval:16384]
+[--precision fp32_autocast_bf16] [--out PATH]``. ``--suite precisions`` holds the eval-memory promise: the
+sequential op's peak over the hand-written loop's (``peak_vs_loop``, <= 1) in fp32, bf16 and fp32 weights
+under bf16 autocast.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -29,12 +34,36 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 PREFIX_TOKENS = 64
-TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+class Precision(NamedTuple):
+    """One precision setup: the parameters' and hidden states' dtype, the routing weights' dtype (the router's
+    softmax output), the autocast dtype the call runs under (None: no autocast), the verification tolerance."""
+
+    weights: torch.dtype
+    routing: torch.dtype
+    autocast: torch.dtype | None
+    tolerance: float
+
+
+# The three setups a recipe can give the experts: fp32 throughout, bf16 weights, fp32 weights under bf16
+# autocast (`dtype: float32` + `bf16: true`, where the router's softmax output arrives in bf16).
+PRECISIONS = {
+    "fp32": Precision(torch.float32, torch.float32, None, 1e-4),
+    "bf16": Precision(torch.bfloat16, torch.bfloat16, None, 3e-2),
+    "fp32_autocast_bf16": Precision(torch.float32, torch.bfloat16, torch.bfloat16, 3e-2),
+}
+
+
+def _precision_context(case):
+    """The autocast region the case's calls run in (a no-op context without autocast)."""
+    autocast = PRECISIONS[case["dtype"]].autocast
+    return contextlib.nullcontext() if autocast is None else torch.autocast("cpu", dtype=autocast)
 
 
 def _case(impl, mode, tokens, hidden=512, inter=512, experts=32, top_k=4, dtype="fp32"):
@@ -61,6 +90,19 @@ def all_cases(quick: bool) -> list[dict]:
             extra = ["batched_mm"] if size["tokens"] == 256 else []
             cases += [_case(impl, mode, **size) for impl in impls[mode] + extra]
     return cases
+
+
+def precision_cases(quick: bool) -> list[dict]:
+    """The eval-memory promise in every precision setup: ``gptoss_sequential`` and the hand-written ``loop``,
+    eval, H = I = 512, E = 32, top-4, at 1k/4k/16k tokens (16k only with ``--quick``) in each of
+    ``PRECISIONS``."""
+    token_counts = [16384] if quick else [1024, 4096, 16384]
+    return [
+        _case(impl, "eval", tokens, dtype=precision)
+        for precision in PRECISIONS
+        for tokens in token_counts
+        for impl in ("gptoss_sequential", "loop")
+    ]
 
 
 # ----------------------------------------------------------------------------------------------- worker side
@@ -97,7 +139,8 @@ def _build(case):
     import trl_gptoss  # noqa: F401  (registers gptoss_sequential once transformers' GPT-OSS modeling loads)
     from trl_gptoss.testing import tiny_gpt_oss_config
 
-    dtype = DTYPES[case["dtype"]]
+    precision = PRECISIONS[case["dtype"]]
+    dtype = precision.weights
     config = tiny_gpt_oss_config(
         hidden_size=case["hidden"],
         intermediate_size=case["inter"],
@@ -120,7 +163,7 @@ def _build(case):
     logits = torch.randn(tokens, case["experts"], generator=generator)
     top_values, index = logits.topk(case["top_k"], dim=-1)
     run = functools.partial(plain_loop, module) if case["impl"] == "loop" else module
-    return module, run, hidden, index, top_values.softmax(-1).to(dtype)
+    return module, run, hidden, index, top_values.softmax(-1).to(precision.routing)
 
 
 def _reference(module, hidden, index, weights):
@@ -139,7 +182,7 @@ def _reference(module, hidden, index, weights):
 
 def _verify(case, module, run, hidden, index, weights):
     """Check output (and d_hidden for train) on a prefix against float64; raise if outside tolerance."""
-    dtype = DTYPES[case["dtype"]]
+    dtype, tolerance = hidden.dtype, PRECISIONS[case["dtype"]].tolerance
     h, i, w = hidden[:PREFIX_TOKENS], index[:PREFIX_TOKENS], weights[:PREFIX_TOKENS]
     h64 = h.double().requires_grad_(True)
     ref = _reference(module, h64, i, w)
@@ -157,21 +200,24 @@ def _verify(case, module, run, hidden, index, weights):
         )
     errors = {}
     for name, actual_fn, expected_fn in checks:
-        with torch.set_grad_enabled(name != "out"):
-            actual, expected = actual_fn().double(), expected_fn()
+        with torch.set_grad_enabled(name != "out"), _precision_context(case):
+            actual = actual_fn().double()
+        expected = expected_fn()
         errors[name] = ((actual - expected).abs().max() / expected.abs().max()).item()
-        if errors[name] > TOLERANCE[dtype]:
-            raise AssertionError(f"{case['impl']} {name}: relative error {errors[name]:.2e} > {TOLERANCE[dtype]}")
+        if errors[name] > tolerance:
+            raise AssertionError(f"{case['impl']} {name}: relative error {errors[name]:.2e} > {tolerance}")
     return errors
 
 
 def _step(case, run, hidden, index, weights):
     if case["mode"] == "eval":
-        with torch.no_grad():
+        with torch.no_grad(), _precision_context(case):
             run(hidden, index, weights)
         return
     h, w = hidden.detach().requires_grad_(True), weights.detach().requires_grad_(True)
-    run(h, index, w).float().square().mean().backward()
+    with _precision_context(case):
+        loss = run(h, index, w).float().square().mean()
+    loss.backward()
 
 
 def run_worker(case: dict) -> dict:
@@ -187,13 +233,12 @@ def run_worker(case: dict) -> dict:
         _step(case, run, hidden, index, weights)
         walls.append(time.perf_counter() - wall)
         cpus.append(time.process_time() - cpu)
-        if len(peaks) < 2:  # first (cold: library caches and workspaces grow too) and second (warm) call
-            peaks.append(round((_status_kib("VmHWM") - baseline) / 1024, 1))
+        peaks.append(round((_status_kib("VmHWM") - baseline) / 1024, 1))
     return {
         **case,
         "verified_rel_err": errors,
         "peak_mib": peaks[0],
-        "peak_warm_mib": (peaks + [None])[1],
+        "peak_warm_mib": min(peaks[1:], default=None),
         "wall_s": round(min(walls), 4),
         "cpu_s": round(min(cpus), 4),
         "wall_s_median": round(statistics.median(walls), 4),
@@ -220,36 +265,63 @@ def run_case(case: dict, timeout: float) -> dict:
 
 
 def _ratios(results):
-    """Add ``peak_vs_sequential`` and ``time_vs_sequential`` (CPU seconds: robust to a shared machine)."""
+    """Add ``peak_vs_sequential`` and ``time_vs_sequential`` (CPU seconds: robust to a shared machine), and
+    on the sequential eval rows ``peak_vs_loop``: its peak over the hand-written loop's (the promise: <= 1)."""
     key = lambda r: (r["mode"], r["tokens"], r["hidden"], r["dtype"])
-    ours = {key(r): r for r in results if r["impl"] == "gptoss_sequential" and "error" not in r}
-    for r in results:
+    ok = [r for r in results if "error" not in r]
+    ours = {key(r): r for r in ok if r["impl"] == "gptoss_sequential"}
+    loops = {key(r): r for r in ok if r["impl"] == "loop"}
+    for r in ok:
         base = ours.get(key(r))
-        if base and "error" not in r:
+        if base:
             r["peak_vs_sequential"] = round(r["peak_mib"] / max(base["peak_mib"], 0.1), 2)
             r["time_vs_sequential"] = round(r["cpu_s"] / base["cpu_s"], 2)
+        loop = loops.get(key(r))
+        if loop and r["impl"] == "gptoss_sequential":
+            r["peak_vs_loop"] = round(r["peak_mib"] / max(loop["peak_mib"], 0.1), 2)
+            if r["peak_warm_mib"] is not None and loop["peak_warm_mib"] is not None:
+                r["peak_warm_vs_loop"] = round(r["peak_warm_mib"] / max(loop["peak_warm_mib"], 0.1), 2)
 
 
 def print_table(results):
-    header = "| mode | T | H=I | dtype | impl | peak MiB | wall s | cpu s | peak / seq | time / seq |"
+    header = (
+        "| mode | T | H=I | precision | impl | peak MiB | peak MiB warm | wall s | cpu s | peak / seq | time / seq "
+        "| peak / loop | warm peak / loop |"
+    )
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
     for r in results:
         if "error" in r:
             print(f"| {r['mode']} | {r['tokens']} | {r['hidden']} | {r['dtype']} | {r['impl']} | error: {r['error']} |")
             continue
+        warm = r["peak_warm_mib"] if r["peak_warm_mib"] is not None else "—"
         print(
             f"| {r['mode']} | {r['tokens']} | {r['hidden']} | {r['dtype']} | {r['impl']} | {r['peak_mib']} | "
-            f"{r['wall_s']} | {r['cpu_s']} | {r.get('peak_vs_sequential', '')} | {r.get('time_vs_sequential', '')} |"
+            f"{warm} | {r['wall_s']} | {r['cpu_s']} | {r.get('peak_vs_sequential', '')} | "
+            f"{r.get('time_vs_sequential', '')} | {r.get('peak_vs_loop', '')} | {r.get('peak_warm_vs_loop', '')} |"
         )
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="T=256 and 1k only, no 20b-width layer")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "experts_cpu.json"))
+    parser.add_argument(
+        "--suite",
+        choices=("all", "precisions"),
+        default="all",
+        help="all: every implementation (fp32, one bf16 20b-width layer); precisions: sequential vs the "
+        "hand-written loop, eval, in fp32, bf16 and fp32 weights under bf16 autocast",
+    )
+    parser.add_argument(
+        "--out",
+        help="JSON path (default: benchmarks/results/experts_cpu.json, experts_precisions_cpu.json for "
+        "--suite precisions)",
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
     parser.add_argument("--only", help="MODE:TOKENS, e.g. eval:16384: only those cases (JSON not written)")
+    parser.add_argument(
+        "--precision", choices=list(PRECISIONS), help="only the cases of this precision setup (JSON not written)"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -257,16 +329,20 @@ def main(argv=None):
         return
     started = time.perf_counter()
     results = []
-    cases = all_cases(args.quick)
+    cases = all_cases(args.quick) if args.suite == "all" else precision_cases(args.quick)
+    default_name = "experts_cpu.json" if args.suite == "all" else "experts_precisions_cpu.json"
+    out_path = Path(args.out or Path(__file__).parent / "results" / default_name)
     if args.only:
         mode, tokens = args.only.split(":")
         cases = [c for c in cases if c["mode"] == mode and c["tokens"] == int(tokens)]
+    if args.precision:
+        cases = [c for c in cases if c["dtype"] == args.precision]
     for case in cases:
         results.append(run_case(case, args.timeout))
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     _ratios(results)
     print_table(results)
-    if args.only:
+    if args.only or args.precision:
         return
     meta = {
         "torch": torch.__version__,
@@ -276,8 +352,8 @@ def main(argv=None):
         "total_wall_s": round(time.perf_counter() - started, 1),
         "note": "2-core CPU shared with other jobs; compare ratios within this run",
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

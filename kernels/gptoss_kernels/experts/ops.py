@@ -38,10 +38,11 @@ from gptoss_kernels.experts.swiglu import (
 )
 
 
-def _experts_forward(x_mm, weights_sorted, plan: ExpertPlan, params: ExpertParams, alpha, limit, save, precision):
+def _experts_forward(x, weights_sorted, plan: ExpertPlan, params: ExpertParams, alpha, limit, save, precision):
     """Run every expert on its contiguous slice of the sorted (token, k) pairs.
 
-    x_mm: ``[T, H]`` hidden states as matmul operand (``precision.mm``); weights_sorted: ``[S]`` routing weights
+    x: ``[T, H]`` hidden states, in ``precision.io`` or already as matmul operand (``precision.mm``): each
+    slice's gathered rows are cast, so no ``[T, H]`` copy exists here; weights_sorted: ``[S]`` routing weights
     in plan order (S = T*K), in ``precision.act``. Returns ``out: [T, H]`` (``precision.io``) and, when
     ``save``, the pre-activations ``[S, 2I]`` in plan order (``precision.act``).
     """
@@ -49,20 +50,22 @@ def _experts_forward(x_mm, weights_sorted, plan: ExpertPlan, params: ExpertParam
     # Accumulate in the output dtype like upstream: an fp32 buffer for half inputs would cost 2x the output
     # (3x with the final cast) in eval. Each index_add_ call has distinct token rows (top-k experts are
     # distinct), so it is deterministic on CUDA too.
-    out = torch.zeros(x_mm.shape, dtype=precision.io, device=x_mm.device)
-    gate_up_all = x_mm.new_empty(plan.num_pairs, w1.shape[-1], dtype=precision.act) if save else None
+    out = torch.zeros(x.shape, dtype=precision.io, device=x.device)
+    gate_up_all = x.new_empty(plan.num_pairs, w1.shape[-1], dtype=precision.act) if save else None
     for expert, start, end in plan.segments:
         tokens = plan.token_of_pair[start:end]
         slot = None if gate_up_all is None else gate_up_all[start:end]  # write the saved activation in place
         # mm + add_ rather than addmm: oneDNN caches a primitive per (shape, post-op) and the fused-bias ones
         # measurably grow the cold-start RSS on CPU.
-        gate_up = _mm_in_act(x_mm.index_select(0, tokens), as_mm(w1[expert], precision), slot, precision)
+        x_rows = as_mm(x.index_select(0, tokens), precision)  # gather, then cast: bit-identical to cast, gather
+        gate_up = _mm_in_act(x_rows, as_mm(w1[expert], precision), slot, precision)
+        del x_rows
         gate_up.add_(as_act(b1[expert], precision))
         if gate_up_all is None:  # eval: nothing keeps the pre-activations, clamp them in place
             h = swiglu_clamped_consuming(gate_up, alpha, limit)
         else:
             h = swiglu_clamped(gate_up, alpha, limit, precision.math).to(precision.act)
-        del gate_up  # frees the slice's pre-activations (eval) before the down projection allocates
+        del gate_up  # eval: fp32 frees the pre-activations here; half types wrote h into their storage
         expert_out = _mm_in_act(as_mm(h, precision), as_mm(w2[expert], precision), None, precision)
         del h
         expert_out.add_(as_act(b2[expert], precision))
@@ -165,7 +168,11 @@ class SequentialExpertsFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, routing_weights, plan, precision, alpha, limit, save, *param_tensors):
         params = ExpertParams(*param_tensors)
-        x_mm = as_mm(hidden, precision)
+        # Training keeps the matmul operand for backward's dW1 (under autocast a lowered [T, H] copy, half the
+        # bytes of the fp32 input). Eval must not make that copy: it lives for the whole call, T*H*2 bytes
+        # beside the [T, H] output, which put the eval peak above a plain per-expert loop's under autocast;
+        # there each slice's gathered rows are cast instead.
+        x_mm = as_mm(hidden, precision) if save else hidden
         weights_sorted = as_act(routing_weights.reshape(-1).index_select(0, plan.order), precision)
         out, gate_up_all = _experts_forward(x_mm, weights_sorted, plan, params, alpha, limit, save, precision)
         ctx.plan, ctx.precision, ctx.alpha, ctx.limit = plan, precision, alpha, limit

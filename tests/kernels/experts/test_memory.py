@@ -3,6 +3,9 @@ num_experts x tokens x hidden elements (upstream's legacy repeat and batched_mm'
 
 from __future__ import annotations
 
+import contextlib
+
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -61,3 +64,48 @@ def test_eval_allocates_nothing_larger_than_the_output():
     with torch.no_grad(), LargestTensor() as largest:
         run(hidden, index, weights)
     assert largest.numel <= NUM_TOKENS * HIDDEN, f"{largest.shape} from {largest.op}"
+
+
+class FreshBuffers(TorchDispatchMode):
+    """Records every new buffer of at least ``min_numel`` elements an aten op returns while active (views and
+    in-place results share an input's storage and are not new)."""
+
+    def __init__(self, min_numel: int):
+        super().__init__()
+        self.min_numel, self.buffers = min_numel, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {
+            leaf.untyped_storage().data_ptr()
+            for leaf in tree_leaves((args, kwargs or {}))
+            if isinstance(leaf, torch.Tensor)
+        }
+        for leaf in tree_leaves(out):
+            new = isinstance(leaf, torch.Tensor) and leaf.untyped_storage().data_ptr() not in inputs
+            if new and leaf.numel() >= self.min_numel:
+                self.buffers.append((str(func), tuple(leaf.shape), leaf.dtype))
+        return out
+
+
+# (weights and hidden states, routing weights, autocast dtype): the precision setups a recipe gives the op.
+PRECISIONS = {
+    "fp32": (torch.float32, torch.float32, None),
+    "bf16": (torch.bfloat16, torch.bfloat16, None),
+    "fp32_autocast_bf16": (torch.float32, torch.bfloat16, torch.bfloat16),
+}
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+def test_eval_makes_one_token_sized_buffer_in_every_precision(precision):
+    """Eval's only buffer of ``T x H`` elements or more is the output: under autocast the op once cast the
+    whole input to bf16 up front (``T*H*2`` bytes alive for the whole call, 16 MiB at 16k tokens and H = 512),
+    which put its peak above a plain per-expert loop's; each slice's gathered rows are cast instead."""
+    dtype, routing_dtype, autocast = PRECISIONS[precision]
+    run = op_of(upstream_experts(NUM_EXPERTS, HIDDEN, HIDDEN, dtype=dtype))
+    hidden = torch.randn(NUM_TOKENS, HIDDEN, dtype=dtype)
+    index, weights = random_routing(NUM_TOKENS, NUM_EXPERTS, TOP_K, dtype=routing_dtype)
+    region = contextlib.nullcontext() if autocast is None else torch.autocast("cpu", dtype=autocast)
+    with torch.no_grad(), region, FreshBuffers(NUM_TOKENS * HIDDEN) as fresh:
+        out = run(hidden, index, weights)
+    assert fresh.buffers == [("aten.zeros.default", tuple(out.shape), dtype)], fresh.buffers

@@ -99,6 +99,21 @@ def test_swiglu_variants_agree_bitwise(dtype):
     assert torch.equal(consumed, kept) and torch.equal(with_grad.to(dtype), kept)
 
 
+@pytest.mark.parametrize("rows_per_block", [1, 5, 97, 200])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_half_eval_swiglu_in_blocks_writes_h_into_the_pre_activations(dtype, rows_per_block):
+    """Half-precision eval: fp32 math in row blocks (one row, a prime not dividing the rows, exactly the rows,
+    more than the rows), ``h`` written over the consumed pre-activations' storage, bit-identical to the kept
+    variant."""
+    values = torch.linspace(-12, 12, 97, dtype=torch.float64)
+    gate_up = torch.stack(torch.meshgrid(values, values, indexing="ij"), -1).reshape(-1, 194).to(dtype)
+    kept = swiglu_clamped(gate_up, 1.702, 7.0, torch.float32).to(dtype)
+    consumed_input = gate_up.clone()
+    consumed = swiglu_clamped_consuming(consumed_input, 1.702, 7.0, rows_per_block=rows_per_block)
+    assert torch.equal(consumed, kept)
+    assert consumed.untyped_storage().data_ptr() == consumed_input.untyped_storage().data_ptr()
+
+
 def test_empty_batch():
     reference, _, _, _, _ = case_inputs("random", torch.float32)
     hidden = torch.zeros(0, 32, requires_grad=True)
