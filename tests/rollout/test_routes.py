@@ -10,24 +10,44 @@ from transformers import GptOssForCausalLM
 
 from trl_gptoss.experts.routing import record_routing
 from trl_gptoss.rollout import GenerationRequest, VLLMServerEngine
-from trl_gptoss.rollout.routes import MISSING, RouteShape, TrajectoryRoutes, missing_counts, parse_routes
-from trl_gptoss.rollout.vllm_worker.gptoss_vllm_routes import RouteStore, dense_routes
+from trl_gptoss.rollout.routes import (
+    MISSING,
+    RouteShape,
+    TrajectoryRoutes,
+    missing_counts,
+    parse_routes,
+    token_digest,
+)
+from trl_gptoss.rollout.vllm_worker.gptoss_vllm_routes import RouteStore, _token_digest, dense_routes
 
 SHAPE = RouteShape(layers=2, top_k=2, num_experts=4)
 
 
-def _answer(table: np.ndarray) -> dict:
-    return {"shape": list(table.shape), "b64": base64.b64encode(table.astype(np.int16).tobytes()).decode()}
+def _ids(positions: int) -> list[int]:
+    """The token ids of a request of ``positions`` tokens."""
+    return list(range(100, 100 + positions))
+
+
+def _answer(table: np.ndarray, token_ids=None) -> dict:
+    token_ids = _ids(table.shape[0]) if token_ids is None else token_ids
+    return {
+        "shape": list(table.shape),
+        "b64": base64.b64encode(table.astype(np.int16).tobytes()).decode(),
+        "tokens_digest": token_digest(token_ids[: table.shape[0]]),
+    }
 
 
 def _table(positions: int, fill: int | None = None, seed: int = 0) -> np.ndarray:
+    """Distinct experts in every row (as top-k chooses them), or ``fill`` everywhere."""
     if fill is not None:
         return np.full((positions, SHAPE.layers, SHAPE.top_k), fill, dtype=np.int16)
-    return np.random.default_rng(seed).integers(0, SHAPE.num_experts, (positions, SHAPE.layers, SHAPE.top_k))
+    rng = np.random.default_rng(seed)
+    rows = [rng.permutation(SHAPE.num_experts)[: SHAPE.top_k] for _ in range(positions * SHAPE.layers)]
+    return np.array(rows, dtype=np.int16).reshape(positions, SHAPE.layers, SHAPE.top_k)
 
 
 def test_parse_routes_pads_short_tables_and_refuses_what_would_misalign():
-    table, note = parse_routes(_answer(_table(5)), SHAPE, positions=7)
+    table, note = parse_routes(_answer(_table(5)), SHAPE, _ids(7))
     assert note is None and table.dtype == torch.int16 and table.shape == (7, 2, 2)
     assert torch.equal(table[:5], torch.from_numpy(_table(5)).to(torch.int16)) and (table[5:] == MISSING).all()
     refused = {
@@ -41,12 +61,49 @@ def test_parse_routes_pads_short_tables_and_refuses_what_would_misalign():
         "below -1": (_answer(_table(7, fill=-2)), "outside"),
         "not base64": ({"shape": [7, 2, 2], "b64": "***"}, "malformed"),
         "bytes for another shape": ({"shape": [7, 2, 2], "b64": base64.b64encode(b"\0" * 6).decode()}, "values"),
-        "no shape": ({"b64": ""}, "malformed"),
+        "no shape": ({"b64": ""}, "not three non-negative integers"),
         "a list": ([1, 2], "not an object"),
     }
     for case, (answer, reason) in refused.items():
-        table, note = parse_routes(answer, SHAPE, positions=7)
+        table, note = parse_routes(answer, SHAPE, _ids(7))
         assert table is None and reason in note, (case, note)
+
+
+def _with(answer: dict, **changes) -> dict:
+    return {**answer, **changes}
+
+
+def test_parse_routes_refuses_duplicate_experts_odd_dims_and_the_routes_of_other_tokens():
+    """A right-shaped table is replayed only when every row names top-k distinct experts, its header holds plain
+    non-negative integers, and its digest is that of this request's token ids."""
+    twice = _table(7)
+    twice[3, 1] = [2, 2]
+    partly = _table(7)
+    partly[2, 0] = [1, MISSING]
+    good = _answer(_table(7))
+    other_tokens = _ids(7)
+    other_tokens[4] += 1
+    refused = {
+        "one expert twice": (_answer(twice), "names one expert twice"),
+        "a row partly routed": (_answer(partly), "fewer experts than top-k"),
+        "dims true": (_with(good, shape=[7, True, 2]), "not three non-negative integers"),
+        "dims 2.7": (_with(good, shape=[7, 2.0, 2]), "not three non-negative integers"),
+        "dims '2'": (_with(good, shape=[7, "2", 2]), "not three non-negative integers"),
+        "negative header": (_with(good, shape=[-(2**63), 2, 2], b64=""), "not three non-negative integers"),
+        "no digest": ({k: v for k, v in good.items() if k != "tokens_digest"}, "other tokens"),
+        "other tokens": (_answer(_table(7), other_tokens), "other tokens"),
+        "another request's shorter prompt": (_answer(_table(5), _ids(6)[1:]), "other tokens"),
+    }
+    for case, (answer, reason) in refused.items():
+        table, note = parse_routes(answer, SHAPE, _ids(7))
+        assert table is None and reason in note, (case, note)
+    table, note = parse_routes(good, SHAPE, _ids(7))
+    assert note is None and table.shape == (7, 2, 2)
+
+
+def test_worker_and_client_digest_token_ids_alike():
+    ids = [0, 1, 200_000, 2**40]
+    assert _token_digest(np.array(ids, dtype=np.int64)) == token_digest(ids) == token_digest(np.array(ids))
 
 
 def test_turns_merge_with_the_first_computation_winning():
@@ -86,26 +143,26 @@ def test_worker_store_fills_prefix_cache_hits_from_blocks_another_request_comput
     # another request (another client process) whose first 8 positions the engine served from its cache
     hit = _rows(5, seed=2)
     store.add("cmpl-b-0-x", np.arange(8, 13), tokens[8:], hit, prefix=lambda: tokens[:8])
-    table_b, note = parse_routes(dense_routes(store.take("cmpl-b-")[0]), SHAPE, positions=13)
+    table_b, note = parse_routes(dense_routes(store.take("cmpl-b-")[0]), SHAPE, list(tokens))
     assert note is None and torch.equal(table_b[:8], torch.from_numpy(first[:8]))
     assert torch.equal(table_b[8:], torch.from_numpy(hit))
     # a request whose cached prefix differs from every stored one in its second block keeps only the first
     other = tokens.copy()
     other[5] = 7
     store.add("cmpl-c-0-x", np.arange(8, 10), other[8:10], _rows(2, seed=3), prefix=lambda: other[:8])
-    table_c, _ = parse_routes(dense_routes(store.take("cmpl-c-")[0]), SHAPE, positions=10)
+    table_c, _ = parse_routes(dense_routes(store.take("cmpl-c-")[0]), SHAPE, list(other[:10]))
     assert torch.equal(table_c[:4], torch.from_numpy(first[:4])) and (table_c[4:8] == MISSING).all()
     assert len(store.take("cmpl-a-")) == 1 and store.take("cmpl-a-") == []
     # a weight push forgets the blocks: a (hypothetical) hit afterwards gets no stale routes
     store.forget_blocks()
     store.add("cmpl-d-0-x", np.arange(8, 10), tokens[8:10], _rows(2, seed=4), prefix=lambda: tokens[:8])
-    table_d, _ = parse_routes(dense_routes(store.take("cmpl-d-")[0]), SHAPE, positions=10)
+    table_d, _ = parse_routes(dense_routes(store.take("cmpl-d-")[0]), SHAPE, list(tokens[:10]))
     assert (table_d[:8] == MISSING).all()
     # a block computed again replaces the earlier computation
     store.add("cmpl-e-0-x", np.arange(4), tokens[:4], _rows(4, seed=5), prefix=None)
     store.add("cmpl-f-0-x", np.arange(4), tokens[:4], _rows(4, seed=6), prefix=None)
     store.add("cmpl-g-0-x", np.arange(4, 5), tokens[4:5], _rows(1, seed=7), prefix=lambda: tokens[:4])
-    table_g, _ = parse_routes(dense_routes(store.take("cmpl-g-")[0]), SHAPE, positions=5)
+    table_g, _ = parse_routes(dense_routes(store.take("cmpl-g-")[0]), SHAPE, list(tokens[:5]))
     assert torch.equal(table_g[:4], torch.from_numpy(_rows(4, seed=6)))
 
 
@@ -117,7 +174,7 @@ def test_worker_store_drops_the_oldest_and_reports_recomputed_positions():
     assert store.take("cmpl-0-") == [] and len(store.take("cmpl-4-")) == 1
     store.add("cmpl-p-0-x", np.arange(3), np.arange(3), _rows(3, 1), prefix=None)
     store.add("cmpl-p-0-x", np.arange(3, 5), np.arange(3, 5), _rows(2, 2), prefix=None)
-    table, note = parse_routes(dense_routes(store.take("cmpl-p-")[0]), SHAPE, positions=5)
+    table, note = parse_routes(dense_routes(store.take("cmpl-p-")[0]), SHAPE, list(range(5)))
     assert note is None and torch.equal(table[3:], torch.from_numpy(_rows(2, 2)))
     store.add("cmpl-q-0-x", np.arange(3), np.arange(3), _rows(3, 1), prefix=None)
     store.add("cmpl-q-0-x", np.arange(3), np.arange(3), _rows(3, 1), prefix=None)  # preempted: computed again

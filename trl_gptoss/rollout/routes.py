@@ -13,6 +13,7 @@ is computed once, whichever process sent it).
 from __future__ import annotations
 
 import base64
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,34 +45,67 @@ class RouteShape:
 _SHAPE_KEYS = ("layers", "top_k", "num_experts")
 
 
-def parse_routes(answer, shape: RouteShape, positions: int) -> tuple[torch.Tensor | None, str | None]:
+def token_digest(token_ids) -> str:
+    """The digest a route answer carries of the token ids it routes (int64 little-endian, blake2b-128, hex): the
+    worker's ``gptoss_vllm_routes._token_digest`` computes the same."""
+    return hashlib.blake2b(np.asarray(token_ids, dtype="<i8").tobytes(), digest_size=16).hexdigest()
+
+
+def parse_routes(answer, shape: RouteShape, token_ids) -> tuple[torch.Tensor | None, str | None]:
     """One request's route answer -> ``(table [positions, layers, top_k] int16, None)`` or ``(None, reason)``.
 
-    ``positions``: the request's prompt plus sampled tokens. A table longer than that, of another layer count or
-    top-k, or with expert ids out of range is refused (never replayed misaligned); a shorter one is padded
-    with ``-1``."""
+    ``token_ids``: the request's prompt plus sampled tokens (``positions`` of them). Refused, never replayed: a
+    table longer than that, of another layer count or top-k, with dims that are not plain non-negative integers,
+    with expert ids out of range, a row naming one expert twice or only partly routed, or whose digest of the
+    token ids it routes differs from this request's (the routes of other tokens). A shorter one is padded with
+    ``-1``."""
+    positions = len(token_ids)
     if answer is None:
         return None, "the server captured no routes for this request"
     if not isinstance(answer, dict):
         return None, f"the route answer is {type(answer).__name__}, not an object"
-    if answer.get("recomputed"):
-        return None, "the request was preempted and recomputed (its positions have two routes)"
-    if answer.get("ambiguous"):
-        return None, "two requests carried this request's id (a retried request)"
+    for flag, reason in _REFUSED_FLAGS.items():
+        if answer.get(flag):
+            return None, reason
+    dims = answer.get("shape")
+    if not isinstance(dims, list) or len(dims) != 3 or not all(type(d) is int and d >= 0 for d in dims):
+        return None, f"the route answer's shape {str(dims)[:80]} is not three non-negative integers"
     try:
-        dims = [int(d) for d in answer["shape"]]
         flat = np.frombuffer(base64.b64decode(answer["b64"], validate=True), dtype=np.int16)
     except (KeyError, TypeError, ValueError) as exc:
         return None, f"the route answer is malformed ({type(exc).__name__}: {exc})"
-    if len(dims) != 3 or dims[1:] != [shape.layers, shape.top_k] or flat.size != int(np.prod(dims)):
+    if dims[1:] != [shape.layers, shape.top_k] or flat.size != dims[0] * dims[1] * dims[2]:
         wanted = f"[positions, {shape.layers}, {shape.top_k}]"
         return None, f"routes of shape {dims} ({flat.size} values) do not fit {wanted}"
     if dims[0] > positions:
         return None, f"routes for {dims[0]} positions, the request has {positions} tokens"
+    if answer.get("tokens_digest") != token_digest(token_ids[: dims[0]]):
+        return None, f"the routes are of other tokens (their digest is not that of this request's first {dims[0]})"
     table = torch.from_numpy(flat.reshape(dims).copy())
-    if table.numel() and (int(table.min()) < MISSING or int(table.max()) >= shape.num_experts):
-        return None, f"expert ids outside [0, {shape.num_experts}) in the route answer"
-    return _padded(table, positions), None
+    problem = _table_problem(table, shape.num_experts)
+    return (None, problem) if problem else (_padded(table, positions), None)
+
+
+_REFUSED_FLAGS = {
+    "recomputed": "the request was preempted and recomputed (its positions have two routes)",
+    "ambiguous": "two requests carried this request's id (a retried request)",
+}
+
+
+def _table_problem(table: torch.Tensor, num_experts: int) -> str | None:
+    """Why ``table`` cannot be replayed: expert ids out of range, a row naming one expert twice, a row routed
+    only in part; ``None`` when it can."""
+    if not table.numel():
+        return None
+    if int(table.min()) < MISSING or int(table.max()) >= num_experts:
+        return f"expert ids outside [0, {num_experts}) in the route answer"
+    ordered = table.sort(dim=-1).values
+    missing = ordered == MISSING
+    if (missing.any(-1) & ~missing.all(-1)).any():
+        return "a route row names fewer experts than top-k (partly -1)"
+    if ((ordered[..., 1:] == ordered[..., :-1]) & ~missing[..., 1:]).any():
+        return "a route row names one expert twice"
+    return None
 
 
 class TrajectoryRoutes:

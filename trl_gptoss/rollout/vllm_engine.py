@@ -207,7 +207,7 @@ class VLLMServerEngine:
         generation = await self.arequest("POST", "/v1/completions", payload, check=self._generation_check(request))
         if self.route_shape is None:
             return generation
-        return await self._with_routes(generation, tag, len(request.prompt_ids) + len(generation.token_ids))
+        return await self._with_routes(generation, tag, [*request.prompt_ids, *generation.token_ids])
 
     # -- routes (R3) ------------------------------------------------------------------------------------
     def enable_routes(self) -> RouteShape:
@@ -230,10 +230,10 @@ class VLLMServerEngine:
         collective_rpc(self, "gptoss_disable_routes")
         self.route_shape = None
 
-    async def _with_routes(self, generation: Generation, tag: str, positions: int) -> Generation:
+    async def _with_routes(self, generation: Generation, tag: str, token_ids: list[int]) -> Generation:
         payload = {"method": "gptoss_take_routes", "args": [tag]}
         answer = await self.arequest("POST", "/collective_rpc", payload, retries=0, check=server_answers.rpc_results)
-        routes, note = parse_routes(answer[0], self.route_shape, positions)  # workers of one engine route alike
+        routes, note = parse_routes(answer[0], self.route_shape, token_ids)  # workers of one engine route alike
         return dataclasses.replace(generation, routes=routes, routes_note=note)
 
     async def aclose(self) -> None:

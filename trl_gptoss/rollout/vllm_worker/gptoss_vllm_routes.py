@@ -160,13 +160,24 @@ def _chain(keys: list[bytes], tokens: np.ndarray) -> bytes:
 
 
 def dense_routes(request: _Request) -> dict:
-    """A request's answer: ``{"shape": [P, layers, top_k], "b64": int16 bytes}`` over positions ``0..P-1``
-    (``-1`` where unknown), or ``{"recomputed": true}`` when a position was computed twice."""
+    """A request's answer: ``{"shape": [P, layers, top_k], "b64": int16 bytes, "tokens_digest": hex}`` over
+    positions ``0..P-1`` (``-1`` where unknown; the digest is of the token ids at those positions, which the client
+    checks against its own before any replay), or ``{"recomputed": true}`` when a position was computed twice."""
     if request.recomputed:
         return {"recomputed": True}
     routed = np.flatnonzero(request.routes[: request.length, 0, 0] != MISSING)
-    table = request.routes[: int(routed[-1]) + 1 if len(routed) else 0]
-    return {"shape": list(table.shape), "b64": base64.b64encode(np.ascontiguousarray(table).tobytes()).decode("ascii")}
+    rows = int(routed[-1]) + 1 if len(routed) else 0
+    table = request.routes[:rows]
+    return {
+        "shape": [int(d) for d in table.shape],
+        "b64": base64.b64encode(np.ascontiguousarray(table).tobytes()).decode("ascii"),
+        "tokens_digest": _token_digest(request.tokens[:rows]),
+    }
+
+
+def _token_digest(tokens: np.ndarray) -> str:
+    """Of the token ids a table routes: int64 little-endian, blake2b-128, hex (``routes.token_digest``)."""
+    return hashlib.blake2b(np.asarray(tokens, dtype="<i8").tobytes(), digest_size=16).hexdigest()
 
 
 def _routers(model: torch.nn.Module) -> list[torch.nn.Module]:
