@@ -176,6 +176,21 @@ class GptOssGRPOConfig(GRPOConfig):
             "TRL would add to the RL loss); a warning names the checkpoint's value."
         },
     )
+    # -- long-context memory (trl_gptoss.long_context) ---------------------------------------------------------
+    long_context_token_tile: int | None = field(
+        default=None,
+        metadata={
+            "help": "Tokens per tile for each decoder layer's RMSNorms, router and experts, run and recomputed tile "
+            "by tile so their saved tensors exist for one tile at a time; null: the whole sequence at once."
+        },
+    )
+    long_context_offload_checkpoints: bool = field(
+        default=False,
+        metadata={
+            "help": "Keep the layers' gradient checkpoints in (pinned) host memory, brought back one layer ahead "
+            "of the backward; needs gradient_checkpointing."
+        },
+    )
     # -- deprecated names (one release): mapped onto the fields above with a warning -------------------------
     max_turns: int | None = field(default=None, metadata={"help": "Deprecated: use max_tool_calling_iterations."})
     rollout_correction: str | None = field(
@@ -214,6 +229,20 @@ class GptOssGRPOConfig(GRPOConfig):
         self._check_model_init_implementations()
         if self.sp_size > 1 and self.world_size % self.sp_size:
             raise ValueError(f"sp_size={self.sp_size} must divide the number of processes ({self.world_size})")
+        self._check_long_context()
+
+    def _check_long_context(self) -> None:
+        """The long-context options' own rules (``trl_gptoss.long_context.rules``), on the final field values."""
+        from trl_gptoss.long_context.rules import check_long_context_fields
+
+        check_long_context_fields(
+            self.long_context_token_tile,
+            self.long_context_offload_checkpoints,
+            gradient_checkpointing=self.gradient_checkpointing,
+            sp_size=self.sp_size,
+            routing_replay=self.routing_replay,
+            router_aux_loss_coef=self.router_aux_loss_coef,
+        )
 
     def _check_model_init_implementations(self) -> None:
         """One owner for the implementations: ``model_init_kwargs`` naming another one than the field would load

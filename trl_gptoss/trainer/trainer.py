@@ -16,6 +16,8 @@ from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
 import trl_gptoss  # noqa: F401  (registers fa3_sink and gptoss_sequential)
+from trl_gptoss.long_context import enable_from_config
+from trl_gptoss.long_context.rules import check_offload_fits_host
 from trl_gptoss.tools import build_tools
 from trl_gptoss.trainer.checks import check_world, checked_rewards
 from trl_gptoss.trainer.config import GptOssGRPOConfig
@@ -68,11 +70,14 @@ class GptOssGRPOTrainer(GRPOTrainer):
             raise ValueError(problem)
         reward_funcs = checked_rewards(reward_funcs, train_dataset, kwargs.get("eval_dataset"), args.reward_weights)
         resolve_aux_coef(args, model)
+        check_offload_fits_host(args, model)  # before the weights load
         model = load_policy(model, args)
+        long_context = enable_from_config(model, args)  # before PEFT and FSDP2 wrap the decoder layers
         with model_init_warning_dropped():
             super().__init__(
                 model, reward_funcs, args=args, train_dataset=train_dataset, processing_class=processing_class, **kwargs
             )
+        self.long_context = long_context  # the layers' long-context handle (None when the options are off)
         check_world(self.accelerator.num_processes)
         keep_outputs_as_computed(self.accelerator)  # before prepare: FSDP2 would cast the log-probs to bf16
         switch_implementations(self.ref_model, args)  # TRL built it from the policy's path (None when beta is 0)
