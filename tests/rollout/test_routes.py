@@ -16,9 +16,10 @@ from trl_gptoss.rollout.routes import (
     TrajectoryRoutes,
     missing_counts,
     parse_routes,
+    route_tag,
     token_digest,
 )
-from trl_gptoss.rollout.vllm_worker.gptoss_vllm_routes import RouteStore, _token_digest, dense_routes
+from trl_gptoss.rollout.vllm_worker.gptoss_vllm_routes import RouteStore, _token_digest, dense_routes, take_answer
 
 SHAPE = RouteShape(layers=2, top_k=2, num_experts=4)
 
@@ -135,50 +136,90 @@ def _rows(n, seed):
     return _table(n, seed=seed).astype(np.int16)
 
 
+KEY = bytes(range(32))  # the client's tag key of these tests
+_TAGS: dict[str, str] = {}
+
+
+def _rid(name: str) -> str:
+    """vLLM's id of the completion the client sent as ``name``, tagged to ask for its routes."""
+    return f"{_prefix(name)}0-x"
+
+
+def _prefix(name: str) -> str:
+    return f"cmpl-{_TAGS.setdefault(name, route_tag(KEY))}-"
+
+
+def _store(**kwargs) -> RouteStore:
+    store = RouteStore(layers=2, top_k=2, **kwargs)
+    store.allow_key(KEY)
+    return store
+
+
 def test_worker_store_fills_prefix_cache_hits_from_blocks_another_request_computed():
-    store = RouteStore(layers=2, top_k=2, block=4)
+    store = _store(block=4)
     tokens = np.arange(100, 113)  # 13 tokens: 3 complete blocks of 4
     first = _rows(13, seed=1)
-    store.add("cmpl-a-0-x", np.arange(13), tokens, first, prefix=None)
+    store.add(_rid("a"), np.arange(13), tokens, first, prefix=None)
     # another request (another client process) whose first 8 positions the engine served from its cache
     hit = _rows(5, seed=2)
-    store.add("cmpl-b-0-x", np.arange(8, 13), tokens[8:], hit, prefix=lambda: tokens[:8])
-    table_b, note = parse_routes(dense_routes(store.take("cmpl-b-")[0]), SHAPE, list(tokens))
+    store.add(_rid("b"), np.arange(8, 13), tokens[8:], hit, prefix=lambda: tokens[:8])
+    table_b, note = parse_routes(dense_routes(store.take(_prefix("b"))[0]), SHAPE, list(tokens))
     assert note is None and torch.equal(table_b[:8], torch.from_numpy(first[:8]))
     assert torch.equal(table_b[8:], torch.from_numpy(hit))
     # a request whose cached prefix differs from every stored one in its second block keeps only the first
     other = tokens.copy()
     other[5] = 7
-    store.add("cmpl-c-0-x", np.arange(8, 10), other[8:10], _rows(2, seed=3), prefix=lambda: other[:8])
-    table_c, _ = parse_routes(dense_routes(store.take("cmpl-c-")[0]), SHAPE, list(other[:10]))
+    store.add(_rid("c"), np.arange(8, 10), other[8:10], _rows(2, seed=3), prefix=lambda: other[:8])
+    table_c, _ = parse_routes(dense_routes(store.take(_prefix("c"))[0]), SHAPE, list(other[:10]))
     assert torch.equal(table_c[:4], torch.from_numpy(first[:4])) and (table_c[4:8] == MISSING).all()
-    assert len(store.take("cmpl-a-")) == 1 and store.take("cmpl-a-") == []
+    assert len(store.take(_prefix("a"))) == 1 and store.take(_prefix("a")) == []
     # a weight push forgets the blocks: a (hypothetical) hit afterwards gets no stale routes
     store.forget_blocks()
-    store.add("cmpl-d-0-x", np.arange(8, 10), tokens[8:10], _rows(2, seed=4), prefix=lambda: tokens[:8])
-    table_d, _ = parse_routes(dense_routes(store.take("cmpl-d-")[0]), SHAPE, list(tokens[:10]))
+    store.add(_rid("d"), np.arange(8, 10), tokens[8:10], _rows(2, seed=4), prefix=lambda: tokens[:8])
+    table_d, _ = parse_routes(dense_routes(store.take(_prefix("d"))[0]), SHAPE, list(tokens[:10]))
     assert (table_d[:8] == MISSING).all()
     # a block computed again replaces the earlier computation
-    store.add("cmpl-e-0-x", np.arange(4), tokens[:4], _rows(4, seed=5), prefix=None)
-    store.add("cmpl-f-0-x", np.arange(4), tokens[:4], _rows(4, seed=6), prefix=None)
-    store.add("cmpl-g-0-x", np.arange(4, 5), tokens[4:5], _rows(1, seed=7), prefix=lambda: tokens[:4])
-    table_g, _ = parse_routes(dense_routes(store.take("cmpl-g-")[0]), SHAPE, list(tokens[:5]))
+    store.add(_rid("e"), np.arange(4), tokens[:4], _rows(4, seed=5), prefix=None)
+    store.add(_rid("f"), np.arange(4), tokens[:4], _rows(4, seed=6), prefix=None)
+    store.add(_rid("g"), np.arange(4, 5), tokens[4:5], _rows(1, seed=7), prefix=lambda: tokens[:4])
+    table_g, _ = parse_routes(dense_routes(store.take(_prefix("g"))[0]), SHAPE, list(tokens[:5]))
     assert torch.equal(table_g[:4], torch.from_numpy(_rows(4, seed=6)))
 
 
 def test_worker_store_drops_the_oldest_and_reports_recomputed_positions():
-    store = RouteStore(layers=2, top_k=2, block=4, max_bytes=4_000)
+    store = _store(block=4, max_bytes=4_000)
     for request in range(5):
-        store.add(f"cmpl-{request}-0-x", np.arange(10), np.arange(10), _rows(10, request), prefix=None)
-    store.add("cmpl-big-0-x", np.arange(100), np.arange(100), _rows(100, 9), prefix=None)  # evicts the oldest
-    assert store.take("cmpl-0-") == [] and len(store.take("cmpl-4-")) == 1
-    store.add("cmpl-p-0-x", np.arange(3), np.arange(3), _rows(3, 1), prefix=None)
-    store.add("cmpl-p-0-x", np.arange(3, 5), np.arange(3, 5), _rows(2, 2), prefix=None)
-    table, note = parse_routes(dense_routes(store.take("cmpl-p-")[0]), SHAPE, list(range(5)))
+        store.add(_rid(str(request)), np.arange(10), np.arange(10), _rows(10, request), prefix=None)
+    store.add(_rid("big"), np.arange(100), np.arange(100), _rows(100, 9), prefix=None)  # evicts the oldest
+    assert store.take(_prefix("0")) == [] and len(store.take(_prefix("4"))) == 1
+    store.add(_rid("p"), np.arange(3), np.arange(3), _rows(3, 1), prefix=None)
+    store.add(_rid("p"), np.arange(3, 5), np.arange(3, 5), _rows(2, 2), prefix=None)
+    table, note = parse_routes(dense_routes(store.take(_prefix("p"))[0]), SHAPE, list(range(5)))
     assert note is None and torch.equal(table[3:], torch.from_numpy(_rows(2, 2)))
-    store.add("cmpl-q-0-x", np.arange(3), np.arange(3), _rows(3, 1), prefix=None)
-    store.add("cmpl-q-0-x", np.arange(3), np.arange(3), _rows(3, 1), prefix=None)  # preempted: computed again
-    assert dense_routes(store.take("cmpl-q-")[0]) == {"recomputed": True}
+    store.add(_rid("q"), np.arange(3), np.arange(3), _rows(3, 1), prefix=None)
+    store.add(_rid("q"), np.arange(3), np.arange(3), _rows(3, 1), prefix=None)  # preempted: computed again
+    assert dense_routes(store.take(_prefix("q"))[0]) == {"recomputed": True}
+
+
+def test_the_store_keeps_only_tagged_requests_and_says_which_it_evicted():
+    """Anyone may send a completion (the route is open by design); only the requests a client tagged under a key
+    it gave through the authenticated route are stored, so others cannot push a client's routes out. Routes the
+    store dropped unread are answered "evicted", which the client reports, instead of nothing."""
+    store = _store(block=4, max_bytes=4_000)
+    untagged = ["cmpl-0123-0-x", f"cmpl-{'a' * 64}-0-x", f"cmpl-{route_tag(bytes(32))}-0-x"]  # plain, forged, key
+    for request_id in untagged:
+        store.add(request_id, np.arange(10), np.arange(10), _rows(10, 1), prefix=None)
+    assert store.take("") == [], "a completion that did not ask for its routes was stored"
+    for request in range(5):
+        store.add(_rid(f"e{request}"), np.arange(10), _ids(10), _rows(10, request), prefix=None)
+    store.add(_rid("big"), np.arange(100), _ids(100), _rows(100, 9), prefix=None)  # evicts the oldest
+    assert take_answer(store, _TAGS["e0"]) == {"evicted": True}
+    table, note = parse_routes(take_answer(store, _TAGS["e0"]), SHAPE, _ids(10))  # said once, then forgotten
+    assert table is None and note == "the server captured no routes for this request"
+    table, note = parse_routes({"evicted": True}, SHAPE, _ids(10))
+    assert table is None and "dropped this request's routes before they were taken" in note
+    table, note = parse_routes(take_answer(store, _TAGS["e4"]), SHAPE, _ids(10))
+    assert note is None and torch.equal(table, torch.from_numpy(_rows(10, 4)))
 
 
 def _generate(engine, request):
@@ -210,6 +251,13 @@ def test_the_server_reports_the_routes_it_computed_and_those_its_cache_served(vl
             _generate(engines[0], GenerationRequest(prompt, 8, seed=3)),
         ]
         cached = _cached_tokens(vllm_tiny_server) - before
+        # a completion that did not ask (anyone may send one) leaves nothing in the store
+        from trl_gptoss.rollout.vllm_engine import completion_payload
+        from trl_gptoss.rollout.weights.server_calls import collective_rpc
+
+        stranger = {**completion_payload(engines[0].model, GenerationRequest(prompt[:40], 4)), "request_id": "f" * 64}
+        engines[0].request("POST", "/v1/completions", stranger)
+        assert collective_rpc(engines[0], "gptoss_take_routes", "f" * 64) == [None]
         engines[1].disable_routes()  # capture off: the server answers without routes again
         plain = _generate(engines[1], GenerationRequest(prompt, 4, seed=4))
         assert plain.routes is None and plain.routes_note is None and engines[1].route_shape is None

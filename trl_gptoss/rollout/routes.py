@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
+import secrets
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,10 +88,24 @@ def parse_routes(answer, shape: RouteShape, token_ids) -> tuple[torch.Tensor | N
     return (None, problem) if problem else (_padded(table, positions), None)
 
 
+EVICTED = "the server's route store dropped this request's routes before they were taken (it was full)"
 _REFUSED_FLAGS = {
     "recomputed": "the request was preempted and recomputed (its positions have two routes)",
     "ambiguous": "two requests carried this request's id (a retried request)",
+    "evicted": EVICTED,
 }
+
+
+def new_tag_key() -> bytes:
+    """A client's key for the tags of the requests whose routes the server should keep (``route_tag``)."""
+    return secrets.token_bytes(32)
+
+
+def route_tag(key: bytes) -> str:
+    """A fresh ``request_id`` that asks the server to keep the request's routes: a nonce and its MAC under
+    ``key`` (the worker's ``tag_mac``); a completion without one, from anyone, is not stored."""
+    nonce = secrets.token_hex(16)
+    return nonce + hmac.new(key, nonce.encode("ascii"), hashlib.sha256).hexdigest()[:32]
 
 
 def _table_problem(table: torch.Tensor, num_experts: int) -> str | None:

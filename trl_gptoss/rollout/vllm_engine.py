@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import uuid
+import logging
 
 from trl_gptoss.rollout import server_answers
 from trl_gptoss.rollout.http_async import AsyncHTTPClient, HTTPTransportError
-from trl_gptoss.rollout.routes import RouteShape, parse_routes
+from trl_gptoss.rollout.routes import EVICTED, RouteShape, new_tag_key, parse_routes, route_tag
 from trl_gptoss.rollout.server_answers import MalformedAnswer, VLLMServerError
 from trl_gptoss.rollout.server_secret import auth_headers, check_secret, secret_from_environment
 from trl_gptoss.rollout.types import Generation, GenerationRequest
+
+logger = logging.getLogger(__name__)
 
 
 def completion_payload(model: str, request: GenerationRequest) -> dict:
@@ -105,6 +107,8 @@ class VLLMServerEngine:
         self.max_model_len = entry["max_model_len"]
         self._weight_sync = None
         self.route_shape: RouteShape | None = None  # set by enable_routes
+        self._tag_key: bytes | None = None  # this client's key for the tags of its requests (enable_routes)
+        self.routes_evicted = 0  # requests whose routes the server dropped before they were taken
 
     # -- HTTP -------------------------------------------------------------------------------------------
     def request(
@@ -203,7 +207,7 @@ class VLLMServerEngine:
         request.check_fits(self.max_model_len)
         payload = completion_payload(self.model, request)
         if self.route_shape is not None:
-            payload["request_id"] = tag = uuid.uuid4().hex  # the worker stores the request's routes under it
+            payload["request_id"] = tag = route_tag(self._tag_key)  # the worker keeps the routes of tagged requests
         generation = await self.arequest("POST", "/v1/completions", payload, check=self._generation_check(request))
         if self.route_shape is None:
             return generation
@@ -216,7 +220,9 @@ class VLLMServerEngine:
         served model's route shape."""
         from trl_gptoss.rollout.weights.server_calls import collective_rpc
 
-        shapes = {RouteShape.from_answer(answer) for answer in collective_rpc(self, "gptoss_enable_routes")}
+        self._tag_key = self._tag_key or new_tag_key()
+        answers = collective_rpc(self, "gptoss_enable_routes", self._tag_key.hex())
+        shapes = {RouteShape.from_answer(answer) for answer in answers}
         if len(shapes) != 1:
             raise VLLMServerError(f"vLLM server at {self.base_url}: its workers report different routers {shapes}")
         self.route_shape = shapes.pop()
@@ -234,6 +240,15 @@ class VLLMServerEngine:
         payload = {"method": "gptoss_take_routes", "args": [tag]}
         answer = await self.arequest("POST", "/collective_rpc", payload, retries=0, check=server_answers.rpc_results)
         routes, note = parse_routes(answer[0], self.route_shape, token_ids)  # workers of one engine route alike
+        if note == EVICTED:
+            self.routes_evicted += 1
+            if self.routes_evicted & (self.routes_evicted - 1) == 0:  # the 1st, 2nd, 4th, 8th, ... time
+                logger.warning(
+                    "vLLM server at %s dropped the routes of %d request(s) so far before they were taken (its route "
+                    "store was full); those positions replay the trainer's own router (routing_replay falls back)",
+                    self.base_url,
+                    self.routes_evicted,
+                )
         return dataclasses.replace(generation, routes=routes, routes_note=note)
 
     async def aclose(self) -> None:

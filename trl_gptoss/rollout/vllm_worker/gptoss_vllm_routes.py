@@ -14,7 +14,10 @@ hash chain of its tokens (``BlockRoutes``, vLLM's prefix-match unit), and a requ
 takes its cached blocks from there -- across requests, conversations and client processes; a weight push forgets
 them (``_gptoss_weights_changed``), as vLLM's prefix cache is reset then. What is still unknown is ``-1``. A
 position computed twice (a preempted request recomputed from scratch) makes the request's routes unreliable: it is
-answered ``{"recomputed": true}``. Imports only stdlib, numpy and torch.
+answered ``{"recomputed": true}``. Only the requests that ask are stored: their ``request_id`` is a tag MAC'd
+under a key the client gave ``gptoss_enable_routes`` (behind the server's secret), so the open completions route
+cannot fill the store and push a client's routes out; routes the store drops unread (over ``MAX_REQUEST_BYTES``)
+are answered ``{"evicted": true}``. Imports only stdlib, numpy and torch.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from __future__ import annotations
 import base64
 import collections
 import hashlib
+import hmac
+import re
 import threading
 
 import numpy as np
@@ -29,7 +34,16 @@ import torch
 
 MAX_REQUEST_BYTES = 1 << 30  # routes the client never took (it crashed, a retry) are dropped oldest first
 MAX_BLOCK_BYTES = 1 << 28  # the blocks kept for prefix-cache hits, least recently used dropped first
+MAX_TAG_KEYS = 16  # the clients (one key per enable_routes call) whose requests are captured, latest kept
+MAX_EVICTED_TAGS = 1 << 16  # tags whose routes were dropped unread, remembered so their take can say so
 MISSING = -1
+# vLLM's id of a completion sent with request_id=TAG: "cmpl-TAG-<choice>-..."; a tag is a nonce and its MAC
+_TAGGED = re.compile(r"cmpl-([0-9a-f]{32})([0-9a-f]{32})-")
+
+
+def tag_mac(key: bytes, nonce: str) -> str:
+    """The MAC that makes ``nonce`` a tag whose routes are captured (``routes.route_tag`` on the client)."""
+    return hmac.new(key, nonce.encode("ascii"), hashlib.sha256).hexdigest()[:32]
 
 
 class _Request:
@@ -86,21 +100,45 @@ class BlockRoutes:
 
 
 class RouteStore:
-    """Every request's routes by request id until the client takes them; complete blocks for prefix hits."""
+    """The routes of the requests that asked for them, by request id until the client takes them; complete blocks
+    for prefix hits (of every request: a cached block serves whoever hits it).
+
+    A request asks by its id: ``request_id`` a tag (a nonce and its MAC under a key a client gave
+    ``gptoss_enable_routes``, an authenticated route); other completions, which anyone may send, are not stored,
+    so they cannot push out a client's routes. When the store is over ``max_bytes`` the oldest requests are
+    dropped and their tags remembered: their ``take`` answers "evicted" rather than nothing."""
 
     def __init__(self, layers: int, top_k: int, block: int, max_bytes: int = MAX_REQUEST_BYTES):
         self.layers, self.top_k, self.max_bytes = layers, top_k, max_bytes
         self.blocks = BlockRoutes(block)
         self._requests: collections.OrderedDict[str, _Request] = collections.OrderedDict()
         self._bytes = 0
+        self._keys: collections.deque[bytes] = collections.deque(maxlen=MAX_TAG_KEYS)
+        self._evicted: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._lock = threading.Lock()  # the forward thread adds, the RPC takes
+
+    def allow_key(self, key: bytes) -> None:
+        """Capture the requests tagged under ``key`` from now on (one key per client; the latest few kept)."""
+        with self._lock:
+            if key not in self._keys:
+                self._keys.append(key)
+
+    def _asked(self, request_id: str) -> bool:
+        match = _TAGGED.match(request_id)
+        if match is None:
+            return False
+        nonce, mac = match.groups()
+        return any(hmac.compare_digest(mac, tag_mac(key, nonce)) for key in self._keys)
 
     def add(self, request_id: str, positions: np.ndarray, tokens: np.ndarray, experts: np.ndarray, prefix) -> None:
         """Rows computed for ``request_id`` at ``positions`` (contiguous) with their ``tokens``; ``prefix()`` gives
-        the tokens before ``positions[0]`` the first time a request is seen past position 0 (a prefix-cache hit)."""
+        the tokens before ``positions[0]`` the first time a request is seen past position 0 (a prefix-cache hit).
+        Nothing is stored for a request that did not ask (``_asked``)."""
         with self._lock:
             request, before = self._requests.get(request_id), 0
             if request is None:
+                if not self._asked(request_id):
+                    return
                 request = self._requests[request_id] = _Request(self.layers, self.top_k)
                 if positions[0] > 0:
                     self._take_cached_prefix(request, prefix())
@@ -114,8 +152,22 @@ class RouteStore:
             self._keep_complete_blocks(request)
             self._bytes += request.nbytes - before
             while self._bytes > self.max_bytes and len(self._requests) > 1:
-                _, dropped = self._requests.popitem(last=False)
+                dropped_id, dropped = self._requests.popitem(last=False)
                 self._bytes -= dropped.nbytes
+                self._remember_evicted(dropped_id)
+
+    def _remember_evicted(self, request_id: str) -> None:
+        self._evicted[request_id] = None
+        while len(self._evicted) > MAX_EVICTED_TAGS:
+            self._evicted.popitem(last=False)
+
+    def was_evicted(self, prefix: str) -> bool:
+        """Whether a request whose id starts with ``prefix`` was dropped unread (forgotten once asked)."""
+        with self._lock:
+            matches = [rid for rid in self._evicted if rid.startswith(prefix)]
+            for rid in matches:
+                del self._evicted[rid]
+            return bool(matches)
 
     def _take_cached_prefix(self, request: _Request, tokens: np.ndarray) -> None:
         request.grow(len(tokens))
@@ -180,6 +232,20 @@ def _token_digest(tokens: np.ndarray) -> str:
     return hashlib.blake2b(np.asarray(tokens, dtype="<i8").tobytes(), digest_size=16).hexdigest()
 
 
+def take_answer(store: RouteStore, tag: str) -> dict | None:
+    """The routes of the completion sent with ``request_id=tag``, removed from ``store``: ``dense_routes``;
+    ``{"evicted": true}`` when the store dropped them before they were taken (over its bound);
+    ``{"ambiguous": true}`` when two requests carried the tag (a retried request); ``None`` when none were
+    captured (nothing of it computed here, or the tag did not ask)."""
+    prefix = f"cmpl-{tag}-"
+    taken = store.take(prefix)
+    if not taken:
+        return {"evicted": True} if store.was_evicted(prefix) else None
+    if len(taken) > 1:
+        return {"ambiguous": True}
+    return dense_routes(taken[0])
+
+
 def _routers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Each decoder layer's router, in layer order (vLLM's GPT-OSS names them ``...layers.N.mlp.router``)."""
     found = []
@@ -195,11 +261,16 @@ def _routers(model: torch.nn.Module) -> list[torch.nn.Module]:
 class RouteCapture:
     """Worker-extension methods (mixed into vLLM's worker; ``self.model_runner`` is the runner)."""
 
-    def gptoss_enable_routes(self) -> dict:
-        """Start capturing (idempotent). Returns ``{"layers": L, "top_k": k, "num_experts": E}``."""
+    def gptoss_enable_routes(self, tag_key: str) -> dict:
+        """Start capturing (idempotent) the requests tagged under ``tag_key`` (hex; the client's, sent through
+        this authenticated route). Returns ``{"layers": L, "top_k": k, "num_experts": E}``."""
+        key = bytes.fromhex(tag_key)
+        if len(key) < 16:
+            raise ValueError("gptoss_enable_routes: the tag key must be at least 16 bytes (32 hex digits)")
         state = getattr(self, "_gptoss_routes", None)
         if state is None:
             state = self._gptoss_routes = _CaptureState(self.model_runner, self.vllm_config)
+        state.store.allow_key(key)
         state.enabled = True
         return {"layers": state.layers, "top_k": state.top_k, "num_experts": state.num_experts}
 
@@ -219,18 +290,9 @@ class RouteCapture:
             state.store.forget_blocks()
 
     def gptoss_take_routes(self, tag: str) -> dict | None:
-        """The routes of the completion sent with ``request_id=tag`` (removed from the store); ``None`` when
-        none were captured (capture off, or nothing of it computed here); ``{"ambiguous": true}`` when two
-        requests carried the tag (a retried request)."""
+        """The routes of the completion sent with ``request_id=tag`` (``take_answer``)."""
         state = getattr(self, "_gptoss_routes", None)
-        if state is None:
-            return None
-        taken = state.store.take(f"cmpl-{tag}-")
-        if not taken:
-            return None
-        if len(taken) > 1:
-            return {"ambiguous": True}
-        return dense_routes(taken[0])
+        return None if state is None else take_answer(state.store, tag)
 
 
 RUNNER_PARTS = ("_model_forward", "input_batch", "query_start_loc")
