@@ -86,6 +86,14 @@ def test_every_parameter_group_lands_over_the_gloo_group(engine, base, prompts):
     assert float((served - trained).abs().max()) <= 1e-4
 
 
+def test_the_file_transport_lands_every_group_too(engine, base, prompts):
+    """``TRL_GPTOSS_WEIGHT_TRANSPORT=file``: the push that needs no port between trainer and server."""
+    pusher = weight_pusher_for(engine, "file")
+    report = check_sync([engine], base, prompts, push=lambda m: push_model(lambda: [pusher], m))
+    assert report.ok, format_report(report)
+    assert pusher.last_push["transport"] == "file"
+
+
 def test_a_lora_run_pushes_its_merged_weights(engine, base, prompts):
     peft = pytest.importorskip("peft")
     config = peft.LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, target_modules=["q_proj", "v_proj", "o_proj"])
