@@ -4,7 +4,8 @@
 what the trainer logged every step: ``reward``, ``tools/call_frequency`` (tool calls per episode) and the
 train-inference mismatch ``rollout_corr/abs_logp_diff_max`` (its maximum over the whole run). When the run
 evaluated held-out problems, the first and the last evaluation (``eval_*``: mean@k, pass@k, maj@k with their
-standard errors) are the held-out "before" and "after".
+standard errors) are the held-out "before" and "after". A run that could not learn (``trainer.learning_signal``:
+no final answers, or every group's rewards equal) ends the summary with a warning saying why.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import math
 from pathlib import Path
 
 from trl_gptoss.plotting import series
+from trl_gptoss.trainer.learning_signal import diagnose
 
 WINDOW = 0.2
 
@@ -40,6 +42,9 @@ def summarize(history: list[dict]) -> dict:
     evaluations = [row for row in history if "eval_problems" in row]
     if evaluations:
         summary["eval_first"], summary["eval_last"] = (_held_out(evaluations[i]) for i in (0, -1))
+    cannot_learn = diagnose(history)
+    if cannot_learn:
+        summary["cannot_learn"] = cannot_learn
     return summary
 
 
@@ -81,6 +86,7 @@ def format_summary(summary: dict, paths: dict) -> str:
         *held_out_lines(summary),
     ]
     lines += [f"{name:<24} {path}" for name, path in paths.items()]
+    lines += [f"WARNING: {message}" for message in summary.get("cannot_learn", ())]
     lines.append("=" * 78)
     return "\n".join(lines)
 

@@ -24,6 +24,7 @@ from trl_gptoss.trainer.config import GptOssGRPOConfig
 from trl_gptoss.trainer.final_save import save_gathered, writes_no_weights
 from trl_gptoss.trainer.fsdp_precision import keep_outputs_as_computed
 from trl_gptoss.trainer.held_out import best_model_metric_problem, evaluate_held_out
+from trl_gptoss.trainer.learning_signal import LearningSignalCallback
 from trl_gptoss.trainer.logprob_head import replace_fused_heads
 from trl_gptoss.trainer.loss_pass import LocalCollectives, LossPass
 from trl_gptoss.trainer.master_weights import MasterWeightsGuard
@@ -88,6 +89,7 @@ class GptOssGRPOTrainer(GRPOTrainer):
         self.add_callback(OptimizerTimer(self.timer))
         self.add_callback(MasterWeightsGuard(self))  # bf16 weights in a torch optimizer at an lr they round away
         self.add_callback(StopAndResume(args))  # SIGTERM stops as Ctrl-C; partial checkpoints set aside
+        self.add_callback(LearningSignalCallback())  # a run that cannot learn is said, once per cause
         self.sampler = Sampler(
             args,
             lambda: self.accelerator.unwrap_model(self.model),
