@@ -113,3 +113,25 @@ def test_a_runs_own_rewards_are_checked_one_by_one_naming_the_refused_function(t
     (result,) = evaluate_rows(sample, [{**ROWS[0], "task": "rewards"}], graders, k=1, default_task="rewards")
     assert result.correct == [False]  # a zero weight does not hide a refused value (inf * 0 would be nan)
     assert "reward function 'infinite' returned inf" in result.reward_errors[0]
+
+
+def test_each_problem_is_reported_as_soon_as_its_k_samples_are_graded(tokenizer):
+    """``on_problem`` through ``trl-gptoss eval``'s sampler (the real loop, conversations ending one by one): every
+    problem once, with all k samples graded, before the batch returns; the results are the ones returned."""
+    from trl_gptoss.rollout.config import RolloutConfig
+    from trl_gptoss.scripts.eval import rollout_sampler
+
+    engine = scripted(tokenizer, [(row["prompt"], [final(text)]) for row, text in zip(ROWS, SCRIPTS)])
+    sample = rollout_sampler(engine, tokenizer, (), RolloutConfig(max_turns=2, max_completion_tokens=64))
+    reported = []
+    results = evaluate_rows(sample, ROWS, task_graders(), k=3, default_task="retool", on_problem=reported.append)
+    assert sorted(r.problem for r in reported) == [0, 1, 2] and all(len(r.correct) == 3 for r in reported)
+    assert all(any(r is returned for r in reported) for returned in results)
+    assert [r.correct for r in results] == [[True] * 3, [False] * 3, [True] * 3]
+
+
+def test_a_row_naming_an_unknown_task_is_refused_before_anything_is_sampled(tokenizer):
+    sample, calls = _sampler(tokenizer)
+    with pytest.raises(ValueError, match=r"row 1 names task 'chess'"):
+        evaluate_rows(sample, [ROWS[0], {**ROWS[1], "task": "chess"}], task_graders(), k=1, default_task="retool")
+    assert calls == []

@@ -42,6 +42,15 @@ def _refused(capsys, argv) -> str:
         (["--max-completion-tokens", "0"], "--max-completion-tokens 0: give a token budget >= 1"),
         (["--dataset-source", "generated"], "task 'retool' reads its problems from sample or jsonl"),
         (["--dataset-source", "jsonl"], "--dataset-source jsonl needs --dataset-path FILE"),
+        (["--seed", "-1"], "--seed -1: give a sampling seed >= 0"),
+        (["--max-concurrent-tools", "0"], "--max-concurrent-tools 0: give the tool calls run at once, >= 1"),
+        (["--k", "1000000000"], "--k 1000000000: at most 1024 samples per problem: more samples per problem add"),
+        (["--max-problems", str(10**12)], "--max-problems 1000000000000: at most 100000 problems per run"),
+        (
+            ["--max-problems", "100000", "--k", "8"],
+            "100000 problems x --k 8 = 800000 conversations, more than the 262144 one run holds: every problem x k",
+        ),
+        (["--tokenizer", "/no/such/tokenizer"], "--tokenizer /no/such/tokenizer is not a directory"),
     ],
     ids=[
         "k-0",
@@ -52,10 +61,44 @@ def _refused(capsys, argv) -> str:
         "budget-0",
         "source",
         "jsonl-without-path",
+        "seed-negative",
+        "tools-0",
+        "k-huge",
+        "problems-huge",
+        "conversations",
+        "tokenizer-missing",
     ],
 )
 def test_bad_settings_are_refused_naming_the_flag(fake_model, capsys, flags, named):
     assert named in _refused(capsys, ["--model", str(fake_model), "--task", "retool", *flags])
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_anything_starts(fake_model, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    err = _refused(capsys, ["--model", str(fake_model), "--task", "retool", "--output", str(blocker / "eval.json")])
+    assert f"--output {blocker / 'eval.json'}: cannot write in {blocker}" in err and "give a writable path" in err
+    err = _refused(capsys, ["--model", str(fake_model), "--task", "retool", "--output", str(tmp_path)])
+    assert f"--output {tmp_path} is a directory: give a file path" in err
+
+
+def test_a_writable_output_is_probed_and_leaves_nothing_behind(fake_model, tmp_path, capsys):
+    """The probe creates the output's directory and removes its probe file; the run is then refused for something
+    else (no such task), so nothing was sampled."""
+    output = tmp_path / "new" / "dir" / "eval.json"
+    _refused(capsys, ["--model", str(fake_model), "--task", "nope", "--output", str(output)])
+    assert output.parent.is_dir() and list(output.parent.iterdir()) == []
+
+
+def test_finished_problems_are_kept_when_a_run_is_interrupted(tmp_path, capsys):
+    output = tmp_path / "eval.json"
+    with pytest.raises(KeyboardInterrupt), eval_command.ProblemLog(str(output)) as log:
+        for index in range(2):
+            log.write(ProblemResult("retool", index, prompt=[{"role": "user", "content": f"q{index}"}]))
+        raise KeyboardInterrupt
+    lines = [json.loads(line) for line in (tmp_path / "eval.json.partial").read_text().splitlines()]
+    assert [line["problem"] for line in lines] == [0, 1] and lines[1]["prompt"][0]["content"] == "q1"
+    assert f"2 finished problems kept in {output}.partial" in capsys.readouterr().err
 
 
 def test_every_problem_is_named_at_once(tmp_path, capsys):
@@ -170,3 +213,18 @@ def test_a_checkpoint_end_to_end_with_real_tool_calls(taught_checkpoint, tmp_pat
     assert all(f"\n{name}" in table for name in ("pass@1", "pass@4", "maj@4", "tool calls / episode", "seconds"))
     assert f"wrote {out}" in table
     assert "8/8" in captured.err  # the progress bar, one step per finished conversation
+    assert not (tmp_path / "results.json.partial").exists()  # the per-problem log, removed once the report is written
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.xdist_group("rehearsals")
+def test_a_model_id_the_server_does_not_serve_is_refused_before_sampling(taught_checkpoint, tmp_path, capsys):
+    checkpoint = str(taught_checkpoint("bfloat16"))
+    argv = ["eval", "--model", checkpoint, "--task", "retool", "--max-problems", "1", "--k", "1", "--device", "cpu"]
+    code = main(
+        [*argv, "--max-model-len", "1024", "--served-model", "gpt-oss-20b", "--output", str(tmp_path / "o.json")]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "--served-model gpt-oss-20b: " in err and f"it serves ['{checkpoint}']" in err
+    assert "Traceback" not in err and not (tmp_path / "o.json.partial").exists()

@@ -17,6 +17,12 @@ NO_EVAL = {"eval_strategy": "no", "eval_on_start": False, "eval_problems": 0}
         pytest.param({**NO_EVAL, "eval_problems": 8}, "eval_problems=8 but nothing evaluates them", id="unused"),
         pytest.param({"eval_problems": 0}, "eval_problems is 0", id="evaluates-nothing"),
         pytest.param({"num_generations_eval": 0}, "num_generations_eval", id="k-0"),
+        pytest.param({"eval_problems": 10**12}, "eval_problems=1000000000000: at most 100000", id="problems-huge"),
+        pytest.param(
+            {"eval_problems": 100_000, "num_generations_eval": 8},
+            "eval_problems=100000 x num_generations_eval=8 conversations exceed 262144",
+            id="conversations",
+        ),
         pytest.param(
             {"load_best_model_at_end": True, "save_strategy": "steps", "eval_strategy": "steps", "eval_steps": 2},
             "metric_for_best_model='loss' (load_best_model_at_end=True defaults it to 'loss')",

@@ -22,6 +22,18 @@ from trl_gptoss.evaluation.metrics import accuracy_metrics
 
 CORRECT_REWARD = 1.0
 
+# Size limits of one evaluation, with the reasons the commands that check them give.
+MAX_K = 1024
+MAX_K_REASON = (
+    "more samples per problem add nothing the standard error over problems can resolve (the retrospective's "
+    "mean@30 used 30), and each problem's samples are held and graded together"
+)
+MAX_PROBLEMS = 100_000
+MAX_CONVERSATIONS = 1 << 18
+MAX_CONVERSATIONS_REASON = (
+    "every problem x k conversation is handed to the rollout loop at once (one task, prompt and open request each)"
+)
+
 
 @dataclass
 class Grader:
@@ -55,29 +67,58 @@ class ProblemResult:
         return asdict(self)
 
 
-def evaluate_rows(sample, rows: Sequence[dict], graders: dict[str, Grader], k: int, default_task: str) -> list:
+def evaluate_rows(
+    sample, rows: Sequence[dict], graders: dict[str, Grader], k: int, default_task: str, on_problem=None
+) -> list:
     """``rows``: dicts with a ``prompt`` and the reward's ground-truth columns (and optionally ``task``, naming a
-    grader; else ``default_task``). Returns one ``ProblemResult`` per row, in order."""
+    grader; else ``default_task``). Returns one ``ProblemResult`` per row, in order. Every row's task is checked
+    before anything is sampled.
+
+    ``on_problem(result)``: called with each problem's result as soon as its ``k`` samples are graded; ``sample``
+    is then called as ``sample(prompts, on_rollout)`` and must call ``on_rollout(index, rollout)`` as each
+    conversation ends (``trl-gptoss eval`` writes each problem out as it finishes)."""
     if k < 1:
         raise ValueError(f"k (samples per problem) must be >= 1, got {k}")
+    tasks = [_task_of(row, index, graders, default_task) for index, row in enumerate(rows)]
     # imported here: trl_gptoss.trainer imports this package (its evaluation hook)
     from trl_gptoss.trainer.checks import checked_reward
 
     checked = {name: checked_reward(grader.reward) for name, grader in graders.items()}
+
+    def grade(index: int, rollouts: Sequence) -> ProblemResult:
+        row, task = rows[index], tasks[index]
+        result = ProblemResult(task=task, problem=row.get("problem", index), prompt=row["prompt"])
+        for rollout in rollouts:
+            _grade(result, rollout, row, graders[task], checked[task])
+        return result
+
     prompts = [row["prompt"] for row in rows for _ in range(k)]
-    rollouts = sample(prompts) if prompts else []
+    graded: dict[int, ProblemResult] = {}
+    if not prompts:
+        rollouts = []
+    elif on_problem is None:
+        rollouts = sample(prompts)
+    else:
+        finished: dict[int, dict[int, object]] = {}
+
+        def on_rollout(index: int, rollout) -> None:
+            samples = finished.setdefault(index // k, {})
+            samples[index % k] = rollout
+            if len(samples) == k:
+                graded[index // k] = grade(index // k, [samples[j] for j in range(k)])
+                on_problem(graded[index // k])
+
+        rollouts = sample(prompts, on_rollout)
     if len(rollouts) != len(prompts):
         raise RuntimeError(f"the sampler returned {len(rollouts)} rollouts for {len(prompts)} prompts")
-    results = []
-    for index, row in enumerate(rows):
-        task = row.get("task") or default_task
-        if task not in graders:
-            raise ValueError(f"evaluation row {index} names task {task!r}; graders exist for {sorted(graders)}")
-        result = ProblemResult(task=task, problem=row.get("problem", index), prompt=row["prompt"])
-        for rollout in rollouts[index * k : (index + 1) * k]:
-            _grade(result, rollout, row, graders[task], checked[task])
-        results.append(result)
-    return results
+    return [graded.get(i) or grade(i, rollouts[i * k : (i + 1) * k]) for i in range(len(rows))]
+
+
+def _task_of(row: dict, index: int, graders: dict[str, Grader], default_task: str) -> str:
+    task = row.get("task") or default_task
+    if task not in graders:
+        raise ValueError(f"evaluation row {index} names task {task!r}; graders exist for {sorted(graders)}")
+    return task
 
 
 # What a reward function receives beside the row's columns, as in training (``GptOssGRPOTrainer``'s columns).

@@ -23,6 +23,7 @@ import contextlib
 import datetime
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -49,11 +50,32 @@ def _source(args, task) -> str:
 def check_arguments(args) -> list[str]:
     """Every problem of ``args`` that can be seen without loading anything (no server, model or dataset), each
     naming what to change."""
+    from trl_gptoss.evaluation.run import MAX_K, MAX_K_REASON, MAX_PROBLEMS
+
     problems = []
     if isinstance(args.k, bool) or not isinstance(args.k, int) or args.k < 1:
         problems.append(f"--k {args.k}: give the samples per problem, an integer >= 1")
+    elif args.k > MAX_K:
+        problems.append(f"--k {args.k}: at most {MAX_K} samples per problem: {MAX_K_REASON}")
     if args.max_problems is not None and args.max_problems < 1:
         problems.append(f"--max-problems {args.max_problems}: give a number of problems >= 1 (or leave it out: all)")
+    elif args.max_problems is not None and args.max_problems > MAX_PROBLEMS:
+        problems.append(
+            f"--max-problems {args.max_problems}: at most {MAX_PROBLEMS} problems per run; evaluate a larger set in "
+            "parts (--dataset-path files of the parts)"
+        )
+    elif args.max_problems is not None and not problems:
+        problems += conversations_problem(args.max_problems, args.k)
+    if args.seed < 0:
+        problems.append(f"--seed {args.seed}: give a sampling seed >= 0")
+    if args.max_concurrent_tools < 1:
+        problems.append(f"--max-concurrent-tools {args.max_concurrent_tools}: give the tool calls run at once, >= 1")
+    if args.tokenizer is not None and not Path(args.tokenizer).is_dir():
+        problems.append(
+            f"--tokenizer {args.tokenizer} is not a directory: give a tokenizer directory (or leave it out)"
+        )
+    if args.output is not None:
+        problems += output_problems(Path(args.output))
     if not math.isfinite(args.temperature) or args.temperature <= 0:
         problems.append(f"--temperature {args.temperature}: give a finite sampling temperature > 0 (e.g. 0.6)")
     if args.max_completion_tokens < 1:
@@ -72,6 +94,35 @@ def check_arguments(args) -> list[str]:
         return problems
     problems += _dataset_problems(args, task)
     return problems
+
+
+def conversations_problem(count: int, k: int) -> list[str]:
+    """The refusal of ``count`` problems x ``k`` samples when they are more conversations than one run holds."""
+    from trl_gptoss.evaluation.run import MAX_CONVERSATIONS, MAX_CONVERSATIONS_REASON
+
+    if count * k <= MAX_CONVERSATIONS:
+        return []
+    return [
+        f"{count} problems x --k {k} = {count * k} conversations, more than the {MAX_CONVERSATIONS} one run holds: "
+        f"{MAX_CONVERSATIONS_REASON}; lower --max-problems or --k"
+    ]
+
+
+def output_problems(output: Path) -> list[str]:
+    """Why ``--output`` cannot be written, found by writing a probe file beside it (and removing it) before
+    anything starts: a run must not sample for minutes and then fail to keep what it sampled."""
+    if output.is_dir():
+        return [f"--output {output} is a directory: give a file path (e.g. {output / 'eval.json'})"]
+    probe = output.parent / f".{output.name}.probe"
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        return [f"--output {output}: cannot write in {output.parent} ({exc.strerror or exc}); give a writable path"]
+    if output.exists() and not os.access(output, os.W_OK):
+        return [f"--output {output} exists and is not writable; give another path or make it writable"]
+    return []
 
 
 def _model_problem(model: Path) -> str:
@@ -144,6 +195,7 @@ def _refuse(problems: list[str]) -> int:
 
 def _cmd_eval(args) -> int:
     from trl_gptoss.rollout.multi_server import server_urls
+    from trl_gptoss.rollout.server_answers import VLLMServerError
 
     problems = check_arguments(args)
     urls = []
@@ -163,24 +215,66 @@ def _cmd_eval(args) -> int:
         return _refuse([f"task {args.task!r}: {exc}; every row needs the columns the task's reward reads"])
     if not rows:
         return _refuse([f"task {args.task!r} has no problems in that dataset; give another --dataset-path/-source"])
-    report = evaluate(args, rows, urls)
+    if problems := conversations_problem(len(rows), args.k):
+        return _refuse(problems)
+    try:
+        tokenizer = _tokenizer(args)
+    except (OSError, ValueError) as exc:
+        return _refuse([f"--tokenizer {args.tokenizer}: cannot load a tokenizer from it ({exc})"])
+    with contextlib.ExitStack() as stack:
+        try:
+            engine = stack.enter_context(_engine(args, urls))
+        except (VLLMServerError, ValueError) as exc:  # e.g. the servers do not serve --served-model
+            return _refuse([f"--served-model {args.served_model}: {exc}" if args.served_model else str(exc)])
+        log = stack.enter_context(ProblemLog(args.output))
+        report = evaluate(args, rows, engine, tokenizer, on_problem=log.write)
     print(format_table(report["metrics"], [args.task]))
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(json.dumps(report, indent=2, default=_json_value) + "\n")
+        log.discard()
         print(f"wrote {args.output}")
     return 0
 
 
-def evaluate(args, rows: list[dict], urls: list[str]) -> dict:
-    """Sample, grade and summarise ``rows``: ``{"settings", "metrics", "problems"}`` (what ``--output`` holds)."""
+class ProblemLog:
+    """``<output>.partial``: one JSON line per problem, written and flushed as each finishes, so an interrupted run
+    keeps what it had (the path is printed then); removed once the full report is written. No ``--output``: none."""
+
+    def __init__(self, output: str | None):
+        self.path = None if output is None else Path(f"{output}.partial")
+        self._file, self.count = None, 0
+
+    def __enter__(self):
+        if self.path is not None:
+            self._file = self.path.open("w")
+        return self
+
+    def write(self, result) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(result.to_dict(), default=_json_value) + "\n")
+            self._file.flush()
+        self.count += 1
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if self._file is not None:
+            self._file.close()
+        if kind is not None and self.path is not None and self.path.exists():
+            print(f"trl-gptoss eval: {self.count} finished problems kept in {self.path}", file=sys.stderr)
+
+    def discard(self) -> None:
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+
+
+def evaluate(args, rows: list[dict], engine, tokenizer, on_problem=None) -> dict:
+    """Sample, grade and summarise ``rows`` on ``engine``: ``{"settings", "metrics", "problems"}`` (what
+    ``--output`` holds); ``on_problem(result)`` as each problem finishes."""
     from trl_gptoss.data.tasks import TASKS
     from trl_gptoss.evaluation import evaluate_rows, summarize, task_grader
     from trl_gptoss.evaluation.run import timed
     from trl_gptoss.rollout.config import RolloutConfig
     from trl_gptoss.tools import build_tools
 
-    tokenizer = _tokenizer(args)
     tools = build_tools(list(TASKS[args.task].tools))
     config = RolloutConfig(
         max_turns=args.max_turns,
@@ -190,10 +284,9 @@ def evaluate(args, rows: list[dict], urls: list[str]) -> dict:
         max_concurrent_tools=args.max_concurrent_tools,
     )
     graders = {args.task: task_grader(args.task)}
-    with _engine(args, urls) as engine:
-        sample = rollout_sampler(engine, tokenizer, tools, config, progress=True)
-        results, seconds = timed(evaluate_rows, sample, rows, graders, args.k, args.task)
-        served = {"servers": getattr(engine, "base_urls", urls), "served_model": engine.model}
+    sample = rollout_sampler(engine, tokenizer, tools, config, progress=True)
+    results, seconds = timed(evaluate_rows, sample, rows, graders, args.k, args.task, on_problem)
+    served = {"servers": getattr(engine, "base_urls", None), "served_model": engine.model}
     metrics = summarize(results, graders, seconds=seconds)
     metrics["samples_per_s"] = metrics["samples"] / seconds if seconds > 0 else float("nan")
     return {
@@ -277,17 +370,22 @@ def _engine(args, urls: list[str]):
 
 
 def rollout_sampler(engine, tokenizer, tools, config, *, progress: bool = False):
-    """``sample(prompts) -> rollouts`` for ``evaluate_rows``: every prompt rolled out at once through
-    ``run_rollouts``'s loop on ``engine``; with ``progress``, a bar counting finished conversations (shown once a
-    run has taken ``PROGRESS_DELAY_S``)."""
+    """``sample(prompts, on_rollout=None) -> rollouts`` for ``evaluate_rows``: every prompt rolled out at once
+    through ``run_rollouts``'s loop on ``engine``, ``on_rollout(index, rollout)`` as each conversation ends; with
+    ``progress``, a bar counting finished conversations (shown once a run has taken ``PROGRESS_DELAY_S``)."""
     from trl_gptoss.rollout.event_loop import run_to_completion
     from trl_gptoss.rollout.loop import arun_rollouts
 
-    def sample(prompts):
+    def sample(prompts, on_rollout=None):
         with _progress_bar(len(prompts), enabled=progress) as bar:
 
+            def ended(index: int, rollout) -> None:
+                bar.update(1)
+                if on_rollout is not None:
+                    on_rollout(index, rollout)
+
             async def rollouts():
-                with on_conversation_end(lambda index: bar.update(1)):
+                with on_conversation_end(ended, with_rollout=True):
                     return await arun_rollouts(engine, prompts, tokenizer=tokenizer, tools=tools, config=config)
 
             return run_to_completion(rollouts())
@@ -302,17 +400,22 @@ def _progress_bar(total: int, *, enabled: bool):
 
 
 @contextlib.contextmanager
-def on_conversation_end(callback):
-    """Within it, ``callback(index)`` runs on the running event loop whenever a conversation of ``arun_rollouts``
-    started there ends with its rollout (its task, named ``rollout-<index>``, finished; a cancelled or failed one
-    is not counted). It installs a task factory on the loop for the duration (the previous one is restored)."""
+def on_conversation_end(callback, *, with_rollout: bool = False):
+    """Within it, ``callback(index)`` (``with_rollout``: ``callback(index, rollout)``) runs on the running event
+    loop whenever a conversation of ``arun_rollouts`` started there ends with its rollout (its task, named
+    ``rollout-<index>``, finished; a cancelled or failed one is not counted). It installs a task factory on the
+    loop for the duration (the previous one is restored)."""
     loop = asyncio.get_running_loop()
     previous = loop.get_task_factory()
 
     def ended(task: asyncio.Task) -> None:
         name = task.get_name()
         if name.startswith(CONVERSATION_TASK_PREFIX) and not task.cancelled() and task.exception() is None:
-            callback(int(name[len(CONVERSATION_TASK_PREFIX) :]))
+            index = int(name[len(CONVERSATION_TASK_PREFIX) :])
+            if with_rollout:
+                callback(index, task.result())
+            else:
+                callback(index)
 
     def factory(loop, coro, **kwargs):
         task = previous(loop, coro, **kwargs) if previous is not None else asyncio.Task(coro, loop=loop, **kwargs)

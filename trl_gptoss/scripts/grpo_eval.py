@@ -9,6 +9,7 @@ evaluates them at TRL's ``eval_strategy`` / ``eval_steps`` / ``eval_on_start`` (
 from __future__ import annotations
 
 from trl_gptoss.data.tasks import TASKS
+from trl_gptoss.evaluation.run import MAX_CONVERSATIONS, MAX_CONVERSATIONS_REASON, MAX_PROBLEMS
 
 # Generated held-out problems come from this offset of the training seed.
 EVAL_SEED_OFFSET = 1_000_003
@@ -46,6 +47,8 @@ def eval_problems(job, training) -> list[str]:
     count = job.eval_problems
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         return [f"eval_problems={count!r}: give a number of held-out problems >= 0 (0: no evaluation)"]
+    if count > MAX_PROBLEMS:
+        return [f"eval_problems={count}: at most {MAX_PROBLEMS} held-out problems (every evaluation samples them all)"]
     strategy = str(getattr(training.eval_strategy, "value", training.eval_strategy))
     evaluates = strategy != "no" or training.eval_on_start
     if count and not evaluates:
@@ -65,4 +68,9 @@ def eval_problems(job, training) -> list[str]:
     k = training.num_generations_eval
     if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
         problems.append(f"num_generations_eval={k!r}: give the samples per held-out problem, an integer >= 1")
+    elif count * (k or training.num_generations) > MAX_CONVERSATIONS:
+        problems.append(
+            f"eval_problems={count} x num_generations_eval={k or training.num_generations} conversations exceed "
+            f"{MAX_CONVERSATIONS}: {MAX_CONVERSATIONS_REASON}; lower either"
+        )
     return problems
