@@ -16,7 +16,7 @@ PAD = 0
 def _rollout(prompt, completion, routed=True):
     positions = len(prompt) + len(completion)
     routes = torch.arange(positions * 4, dtype=torch.int16).reshape(positions, 2, 2) % 4 if routed else None
-    return SimpleNamespace(prompt_ids=prompt, completion_ids=completion, routes=routes)
+    return SimpleNamespace(prompt_ids=prompt, completion_ids=completion, routes=routes, route_notes=[])
 
 
 def _padded(rollouts, prompt_len, completion_len):
@@ -58,3 +58,26 @@ def test_a_batch_that_is_not_the_rollouts_is_refused():
         replay.aligned(input_ids[:1], completion_length=4)
     with pytest.raises(RuntimeError, match="holds routes for None"):
         RolloutRouteReplay(SHAPE).aligned(input_ids, completion_length=4)
+
+
+def test_a_batch_mostly_without_routes_fails_the_step_above_the_threshold():
+    """A replay whose routes are missing for most positions is the trainer's own routing in disguise: above
+    ``routes_missing_max_fraction`` the step fails, naming the fraction, the field and the engine's reasons."""
+    unrouted = SimpleNamespace(prompt_ids=[4, 4, 4], completion_ids=[3, 3], routes=None, route_notes=["turn 1: x"])
+    rollouts = [_rollout([5, 6, 7], [8, 9]), unrouted]  # 4 of the 8 positions that count have no route
+    assert RolloutRouteReplay(SHAPE, max_missing=0.5).keep(rollouts, LocalCollectives(None)) == {
+        "rollout/routes_missing_fraction": 0.5
+    }
+    with pytest.raises(RuntimeError, match=r"50\.0% of this batch's positions .* routes_missing_max_fraction=0.4"):
+        RolloutRouteReplay(SHAPE, max_missing=0.4).keep(rollouts, LocalCollectives(None))
+    with pytest.raises(RuntimeError, match=r"turn 1: x"):
+        RolloutRouteReplay(SHAPE, max_missing=0.0).keep(rollouts, LocalCollectives(None))
+
+
+def test_the_threshold_is_a_fraction(tmp_path):
+    from tests.trainer.helpers import grpo_args
+
+    assert grpo_args(tmp_path).routes_missing_max_fraction == 0.5
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="routes_missing_max_fraction"):
+            grpo_args(tmp_path, routes_missing_max_fraction=bad)

@@ -130,6 +130,15 @@ class GptOssGRPOConfig(GRPOConfig):
             "off-policy run records its experts and the loss pass replays them. 'off' (false): the router decides."
         },
     )
+    routes_missing_max_fraction: float = field(
+        default=0.5,
+        metadata={
+            "help": "With routing_replay='rollout': the largest share of a batch's positions (over every process) "
+            "that may lack an engine route, which then routes as the trainer's router does. A batch above it fails "
+            "the step, naming why routes were missing: a replay that has silently become plain routing. 1.0: "
+            "never fail."
+        },
+    )
     max_staleness: int = field(
         default=0,
         metadata={
@@ -318,6 +327,7 @@ class GptOssGRPOConfig(GRPOConfig):
         check.registered("experts_implementation", self.experts_implementation, ALL_EXPERTS_FUNCTIONS)
         check.one_of("logprobs_implementation", self.logprobs_implementation, LOGPROBS_IMPLEMENTATIONS)
         self.routing_replay = _routing_replay_mode(self.routing_replay)
+        check.finite_number("routes_missing_max_fraction", self.routes_missing_max_fraction, low=0, high=1)
         if self.routing_replay == "rollout" and not kind.returns_routes:
             raise ValueError(
                 f"routing_replay='rollout' replays the routes the rollout engine reports, but rollout_backend="

@@ -75,18 +75,29 @@ class RolloutRouteReplay:
 
     allow_missing = True
 
-    def __init__(self, shape: RouteShape):
+    def __init__(self, shape: RouteShape, max_missing: float = 1.0):
         self.shape = shape
+        self.max_missing = max_missing  # routes_missing_max_fraction
         self.armed = False
         self._batch: list[tuple[list[int], list[int], torch.Tensor | None]] | None = None
 
     def keep(self, rollouts, collectives) -> dict[str, float]:
         """Hold this batch's routes (token ids kept to prove the alignment); returns its metrics, over every process
-        (``collectives``: the accelerator)."""
+        (``collectives``: the accelerator). Raises on every process when more than ``max_missing`` of the batch's
+        positions have no route (the fraction is the same everywhere)."""
         self._batch = [(r.prompt_ids, r.completion_ids, r.routes) for r in rollouts]
         lengths = [len(r.prompt_ids) + len(r.completion_ids) for r in rollouts]
         counts = missing_counts([r.routes for r in rollouts], lengths)
-        return {"rollout/routes_missing_fraction": summed_fraction(counts, collectives)}
+        missing = summed_fraction(counts, collectives)
+        if missing > self.max_missing:
+            notes = sorted({note for r in rollouts for note in r.route_notes})[:3]
+            raise RuntimeError(
+                f"routing_replay='rollout': {missing:.1%} of this batch's positions have no route from the engine, "
+                f"above routes_missing_max_fraction={self.max_missing} -- the replay would mostly be the trainer's "
+                f"own routing. This process's reasons: {notes or ['none given (no route answer)']}. Fix the server "
+                "(its log; --enforce-eager; the route store), or raise routes_missing_max_fraction (1.0: never fail)"
+            )
+        return {"rollout/routes_missing_fraction": missing}
 
     def arm(self) -> None:
         self.armed = True
@@ -160,5 +171,5 @@ def routing_replay_for(args, model):
     if args.routing_replay == "old_logprob":
         return RoutingReplay()
     if args.routing_replay == "rollout":
-        return RolloutRouteReplay(RouteShape.of_model(unwrap(model, peft=True)))
+        return RolloutRouteReplay(RouteShape.of_model(unwrap(model, peft=True)), args.routes_missing_max_fraction)
     return None
