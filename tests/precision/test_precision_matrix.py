@@ -43,8 +43,8 @@ FSDP2_FP16 = (
 )
 SHIM_WITHOUT_MIXED_PRECISION = (
     "FSDP2 mixed precision needs accelerate's MixedPrecisionPolicy (param_dtype=bf16), which "
-    "trl_gptoss.testing.fsdp_cpu does not apply on the CPU yet (it leaves fsdp_plugin.mixed_precision_policy "
-    "unset: fp32 masters and bf16 autocast, but parameters all-gathered in fp32); the cell runs once it does"
+    "trl_gptoss.testing.fsdp_cpu applies on the CPU (fsdp_plugin.set_mixed_precision); without it the bf16 cell "
+    "would check fp32 masters and bf16 autocast with parameters all-gathered in fp32, not what a recipe runs"
 )
 
 
@@ -166,7 +166,8 @@ def test_fsdp2(cell, fsdp2_world):
     for rank, result in enumerate(results):
         if "error" in result:
             pytest.fail(f"{cell.id} raised on rank {rank}:\n{result['error']}")
-    if cell.autocast == "bf16" and any(r["facts"]["param_dtype"] is None for r in results):
-        pytest.skip(SHIM_WITHOUT_MIXED_PRECISION)
+    if cell.autocast == "bf16":  # a shim that stopped applying the policy fails here, never skips
+        applied = [r["facts"]["param_dtype"] for r in results]
+        assert applied == ["bfloat16"] * WORLD, f"{SHIM_WITHOUT_MIXED_PRECISION}; per rank: {applied}"
     for result in results:
         _check(cell, result)
