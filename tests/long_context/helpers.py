@@ -38,13 +38,16 @@ def token_ids(vocab_size: int) -> torch.Tensor:
     return torch.randint(0, vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
 
 
-def step(model, ids, *, checkpointing=True, token_tile=None, offload=False):
+def step(model, ids, *, checkpointing=True, token_tile=None, offload=False, reentrant=False):
     """``(logits, loss, {name: grad})`` of one forward + backward of a copy of ``model`` with the options on,
-    and the copy's long-context handle (its ``offload`` counters)."""
+    and the copy's long-context handle (its ``offload`` counters). ``reentrant``: torch's reentrant checkpoint
+    (what TRL forces for PEFT under DeepSpeed) instead of transformers' default."""
     model = copy.deepcopy(model)
     handle = enable_long_context(model, token_tile=token_tile, offload_checkpoints=offload)
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        if reentrant:  # its recompute only runs backward for inputs that require grad
+            model.enable_input_require_grads()
     logits = model(input_ids=ids).logits
     loss = logits.double().log_softmax(-1).mean()  # a loss that reaches every logit
     loss.backward()

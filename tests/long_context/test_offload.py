@@ -13,12 +13,14 @@ from trl_gptoss.long_context import enable_long_context
 
 
 @pytest.mark.parametrize("tile", [None, 7], ids=["whole_sequence", "prime_tiles"])
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_offloaded_checkpoints_are_bit_identical(tile, lora):
+@pytest.mark.parametrize(
+    ("lora", "reentrant"), [(False, False), (True, False), (False, True)], ids=["full", "lora", "reentrant"]
+)
+def test_offloaded_checkpoints_are_bit_identical(tile, lora, reentrant):
     model = tiny_model(lora=lora)
     ids = token_ids(model.config.vocab_size)
-    logits, loss, grads, handle = step(model, ids, token_tile=tile, offload=True)
-    kept_logits, kept_loss, kept_grads, _ = step(model, ids, token_tile=tile)
+    logits, loss, grads, handle = step(model, ids, token_tile=tile, offload=True, reentrant=reentrant)
+    kept_logits, kept_loss, kept_grads, _ = step(model, ids, token_tile=tile, reentrant=reentrant)
     assert torch.equal(logits, kept_logits) and torch.equal(loss, kept_loss)
     assert grads.keys() == kept_grads.keys()
     differing = [name for name in grads if not torch.equal(grads[name], kept_grads[name])]
