@@ -165,7 +165,7 @@ class _Worker(GptOssWeightSyncExtension):
         self.rank = rank
         self.received: list[tuple[str, torch.Tensor]] = []
 
-    def _gptoss_apply(self, tensors, started):
+    def _gptoss_apply(self, tensors, read_s):
         self.received += [(n, t.clone()) for n, t in tensors]
         return {
             "reloaded": [n for n, _ in tensors if not loads_directly(n)],

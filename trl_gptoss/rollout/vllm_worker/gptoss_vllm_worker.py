@@ -21,9 +21,11 @@ expert weights are re-packed with the kernel's own ISA. Measurements: docs/rollo
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -94,6 +96,7 @@ class GptOssWeightSyncExtension(RouteCapture):
         the session is open (they would land on meta): send them after it is finished."""
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
+        self._gptoss_settle()
         if getattr(self, "_gptoss_reloading", False):
             raise RuntimeError(
                 "gptoss_start_reload: a reload session is already open on this server: another push is in "
@@ -109,6 +112,7 @@ class GptOssWeightSyncExtension(RouteCapture):
         deferred, e.g. attention's); drops the state derived from the old weights as ``reload_weights`` does."""
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
+        self._gptoss_settle()
         if not getattr(self, "_gptoss_reloading", False):
             raise RuntimeError("gptoss_finish_reload: no reload session is open (call gptoss_start_reload first)")
         started = time.perf_counter()
@@ -124,8 +128,10 @@ class GptOssWeightSyncExtension(RouteCapture):
     def gptoss_load_weights(self, source: str) -> dict:
         """Apply one group of checkpoint-format tensors; ``source`` is JSON ``{"path": safetensors file}`` or
         ``{"b64": base64 safetensors bytes}`` (the file push). Returns what ``_gptoss_apply`` does."""
+        self._gptoss_settle()
         started = time.perf_counter()
-        return self._gptoss_apply(list(_read_source(source).items()), started)
+        tensors = list(_read_source(source).items())
+        return self._gptoss_apply(tensors, time.perf_counter() - started)
 
     # -- the process-group transfer (gptoss_vllm_transfer) ---------------------------------------------------
     def gptoss_join_weight_group(self, spec: str) -> dict:
@@ -134,6 +140,7 @@ class GptOssWeightSyncExtension(RouteCapture):
         Blocks until every rank has joined (or the timeout). A group this worker held before is left first."""
         spec = json.loads(spec)
         self.gptoss_leave_weight_group()
+        self._gptoss_settle()
         rank = int(spec["rank_offset"]) + _worker_rank(self)
         self._gptoss_group = WeightGroup(
             backend=spec["backend"],
@@ -160,8 +167,10 @@ class GptOssWeightSyncExtension(RouteCapture):
 
     def gptoss_receive_weights(self, header: str) -> dict:
         """Receive one group of tensors over the weight group (``header``: JSON of ``layer_header`` plus
-        ``group_id``) and apply it as ``gptoss_load_weights`` does. A failed receive leaves the group (the
-        trainer re-joins on its next push)."""
+        ``group_id``), then apply it (as ``gptoss_load_weights`` does) on the worker's apply thread while the next
+        group arrives. Answers ``{"applied": the previous group's answer, or None}``: the trainer checks each group
+        one call later, the last with ``gptoss_weights_applied``. A failed receive leaves the group (the trainer
+        joins again on its next push); a failed apply is raised by the next call."""
         started = time.perf_counter()
         header = json.loads(header)
         group = getattr(self, "_gptoss_group", None)
@@ -175,13 +184,37 @@ class GptOssWeightSyncExtension(RouteCapture):
         except TransferError:
             self.gptoss_leave_weight_group()
             raise
-        return self._gptoss_apply(named, started)
+        received = time.perf_counter() - started
+        previous = self.gptoss_weights_applied()
+        if not hasattr(self, "_gptoss_apply_thread"):
+            self._gptoss_apply_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gptoss-apply")
+        self._gptoss_applying = self._gptoss_apply_thread.submit(self._gptoss_apply_here, named, received)
+        return {"applied": previous}
 
-    def _gptoss_apply(self, tensors: list[tuple[str, torch.Tensor]], started: float) -> dict:
+    def gptoss_weights_applied(self) -> dict | None:
+        """Wait for the group being applied and answer what ``_gptoss_apply`` did (``None``: nothing was being
+        applied); raises the apply's error."""
+        future, self._gptoss_applying = getattr(self, "_gptoss_applying", None), None
+        return None if future is None else future.result()
+
+    def _gptoss_settle(self) -> None:
+        """Before anything else touches the weights: let a group still being applied finish. Its error, if any,
+        belongs to the push that sent it and was aborted (that push never asked for its answer)."""
+        with contextlib.suppress(Exception):
+            self.gptoss_weights_applied()
+
+    def _gptoss_apply_here(self, tensors, read_s: float) -> dict:
+        """``_gptoss_apply`` on the apply thread, on this worker's device (a new thread starts on device 0)."""
+        if self.device.type != "cuda":
+            return self._gptoss_apply(tensors, read_s)
+        with torch.cuda.device(self.device):
+            return self._gptoss_apply(tensors, read_s)
+
+    def _gptoss_apply(self, tensors: list[tuple[str, torch.Tensor]], read_s: float) -> dict:
         """Apply one group of checkpoint-format tensors. Inside a ``gptoss_start_reload`` session the group's
         tensors are loaded into that session (sinks and experts refused); outside one, the group is reloaded on
         its own (one session for this group) and its sinks/experts are written directly. Returns the names
-        applied by each route and the time split."""
+        applied by each route and the time split (``read_s``: how long reading or receiving the group took)."""
         self._gptoss_weights_changed()
         reload = [(n, t) for n, t in tensors if not loads_directly(n)]
         direct = [(n, t) for n, t in tensors if loads_directly(n)]
@@ -199,7 +232,7 @@ class GptOssWeightSyncExtension(RouteCapture):
             self.model_runner.reload_weights(weights_iterator=iter(reload), is_checkpoint_format=True)
         reloaded = time.perf_counter()
         repacked = self._gptoss_load_direct(direct) if direct else []
-        seconds = {"read": read - started, "reload": reloaded - read, "direct": time.perf_counter() - reloaded}
+        seconds = {"read": read_s, "reload": reloaded - read, "direct": time.perf_counter() - reloaded}
         return {
             "reloaded": [n for n, _ in reload],
             "direct": [n for n, _ in direct],

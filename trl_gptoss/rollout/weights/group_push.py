@@ -11,11 +11,13 @@ restarted, or a failed transfer made it leave).
 
 Each group of tensors (a decoder layer of one pass) is one ``gptoss_receive_weights`` call, running on a thread
 beside the broadcasts of the layer's buckets; ``send`` returns once the last bucket is on its way, so the trainer
-gathers the next layer while the server applies this one. What the pushing rank holds beyond the layer itself: one
-bucket (``bucket_bytes``) into which the pieces of small tensors (and every layer's last bucket) are packed;
-a bucket inside one tensor is sent from the tensor itself. Every wait is bounded by ``timeout_s``: a server that
-dies or stops answering mid-push is an error naming it, the group is dropped on both ends and the next push joins
-anew.
+gathers the next layer while the server takes this one. The server applies a group on a thread of its own while
+the next one arrives, and answers each call with the previous group's result: every group is checked one call
+later, the last of a pass with ``gptoss_weights_applied`` before the pass ends. What the pushing rank holds beyond
+the layer itself: one bucket (``bucket_bytes``) into which the pieces of small tensors (and every layer's last
+bucket) are packed; a bucket inside one tensor is sent from the tensor itself. Every wait is bounded by
+``timeout_s``: a server that dies or stops answering mid-push is an error naming it, the group is dropped on both
+ends and the next push joins anew.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class GroupWeightPusher(ServerWeightPusher):
         self.rendezvous: str | None = None  # host:port of the last join
         self._buffer: torch.Tensor | None = None
         self._last_work = None
+        self._unchecked: list[list[str]] = []  # names of the groups sent whose application is not checked yet
 
     def _staging_device(self) -> torch.device:
         return self.device
@@ -151,7 +154,25 @@ class GroupWeightPusher(ServerWeightPusher):
     # -- one group of tensors ---------------------------------------------------------------------------------
     def begin(self, layout: dict[str, list[int]]) -> None:
         self.connect()  # before the pause: a join never holds up generation
+        self._unchecked = []
         super().begin(layout)
+
+    def _collect(self) -> None:
+        """Wait for the group in flight; its answer checks the group sent before it (one call behind)."""
+        if self._pending is None:
+            return
+        pending, self._pending = self._pending, None
+        applied = [answer.get("applied") if isinstance(answer, dict) else answer for answer in pending()]
+        self._unchecked.append(self._pending_names)
+        if all(result is None for result in applied) and len(self._unchecked) == 1:
+            return  # the first group of a pass: nothing was being applied before it
+        self._check_applied(applied, self._unchecked.pop(0))
+
+    def end_pass(self, pass_name: str) -> None:
+        self._collect()
+        if self._unchecked:  # the pass's last group
+            self._check_applied(self._rpc("gptoss_weights_applied"), self._unchecked.pop(0))
+        super().end_pass(pass_name)
 
     def _deliver(self, tensors: list[tuple[str, torch.Tensor]]):
         header = {**layer_header(tensors, self.bucket_bytes), "group_id": self.group_id}
@@ -215,6 +236,7 @@ class GroupWeightPusher(ServerWeightPusher):
 
     def _on_abort(self) -> None:
         self._drop_group(tell_server=False)
+        self._unchecked = []
 
     def finish(self) -> None:
         super().finish()

@@ -9,7 +9,7 @@ exactly the names it was sent.
 
 A transport subclass implements ``_deliver(tensors)``: start carrying one group to every worker of the server and
 return a function that waits for the workers' answers. The next server call waits for them first, so a transport
-may let the trainer gather the next layer while the server applies this one.
+may let the trainer gather the next layer while the server receives or applies this one.
 """
 
 from __future__ import annotations
@@ -104,7 +104,10 @@ class ServerWeightPusher:
         if self._pending is None:
             return
         pending, self._pending = self._pending, None
-        results = pending()
+        self._check_applied(pending(), self._pending_names)
+
+    def _check_applied(self, results: list, names: list[str]) -> None:
+        """Every worker's answer to one group lists exactly ``names`` as applied; adds its time split."""
         for index, result in enumerate(results):
             if not isinstance(result, dict) or not all(isinstance(result.get(k), list) for k in ("reloaded", "direct")):
                 raise RuntimeError(
@@ -112,10 +115,9 @@ class ServerWeightPusher:
                     f"load is not {{reloaded: [...], direct: [...], ...}}: {str(result)[:200]}"
                 )
             applied = set(map(str, result["reloaded"])) | set(map(str, result["direct"]))
-            if applied != set(self._pending_names):
+            if applied != set(names):
                 raise RuntimeError(
-                    f"vLLM worker at {self.engine.base_url} applied {sorted(applied)} but was sent "
-                    f"{sorted(self._pending_names)}"
+                    f"vLLM worker at {self.engine.base_url} applied {sorted(applied)} but was sent {sorted(names)}"
                 )
         seconds = results[0].get("seconds") if results and isinstance(results[0], dict) else None
         for key, value in (seconds if isinstance(seconds, dict) else {}).items():
