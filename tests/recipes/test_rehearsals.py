@@ -72,6 +72,7 @@ def heavy(test):
 
 
 STEPS = 2
+EVAL_ROWS = 2  # held-out problems of the GPU recipes' rehearsals
 PROCESSES = 2
 
 
@@ -136,6 +137,13 @@ SUBSTITUTIONS = [
         "every advantage is 0 and no weight would move whatever the precision",
     ),
     ("max_steps", STEPS, "2 optimizer steps: the second trains on weights the first changed and pushed"),
+    (
+        "eval_problems",
+        _gpu(EVAL_ROWS),
+        "no network for the held-out Hub sets (AIME 2024, GSM8K's test split): the last 2 shipped sample rows, set "
+        "aside from training (which keeps the first ROWS); 1 per process, so every rank evaluates",
+    ),
+    ("num_generations_eval", _gpu(4), "4 samples per held-out problem (recipes: 4 or 16): mean@4, pass@4"),
     (
         "warmup_steps",
         lambda r: 0 if r.raw.get("warmup_steps") else None,
@@ -256,6 +264,24 @@ def assert_promises(recipe: Recipe, run: Rehearsal, learns: bool) -> None:
     _assert_precision(recipe, run)
     _assert_moved(run, learns)
     _assert_model_saved(run)
+    _assert_evaluated(recipe, run)
+
+
+def _assert_evaluated(recipe: Recipe, run: Rehearsal) -> None:
+    """Every recipe evaluates held-out problems at the start and after the last step, and the run's summary, its
+    model card and its plots carry the held-out accuracy of both."""
+    raw = recipe.raw
+    assert raw.get("eval_problems", 0) > 0 and raw.get("eval_on_start") and raw.get("eval_strategy") == "steps", raw
+    k = 4 if not recipe.embedded else raw["num_generations_eval"]
+    evaluations = [h for h in run.history if f"eval_mean@{k}" in h]
+    assert [h["eval_weights_step"] for h in evaluations] == [0.0, float(STEPS)], run.history
+    problems = EVAL_ROWS if not recipe.embedded else evaluations[0]["eval_problems"]
+    assert all(h["eval_problems"] == problems and h["eval_samples"] == problems * k for h in evaluations)
+    first, last = run.summary["eval_first"], run.summary["eval_last"]
+    assert (first["step"], last["step"]) == (0, STEPS) and first[f"mean@{k}"] == evaluations[0][f"eval_mean@{k}"]
+    card = (run.output_dir / "README.md").read_text()
+    assert f"## Held-out evaluation ({int(problems)} problems)" in card and f"| step 0 | step {STEPS} |" in card
+    assert (run.output_dir / "plots" / "eval_accuracy.png").is_file(), sorted((run.output_dir / "plots").iterdir())
 
 
 def _assert_model_saved(run: Rehearsal) -> None:

@@ -3,6 +3,7 @@
 import pytest
 
 from tests.scripts.test_config_errors import _error, _write_config
+from trl_gptoss.data.tasks import TASKS
 from trl_gptoss.scripts.grpo import load_dataset_for, parse_job_args
 from trl_gptoss.scripts.grpo_eval import held_out_split
 
@@ -62,3 +63,34 @@ def test_no_evaluation_leaves_the_training_rows_alone(tmp_path):
     job, training = _job(tmp_path, **NO_EVAL)
     rows = load_dataset_for(job, seed=0)
     assert held_out_split(job, training, rows) == (rows, None)
+
+
+def test_with_a_dataset_limit_the_held_out_rows_come_from_the_end_and_training_keeps_the_first(tmp_path):
+    """The rehearsals' shape: 2 training rows (the ones the tiny model is taught) and 2 held-out rows, disjoint."""
+    fields = dict(task="gsm8k", tool_names=[], model_name_or_path=str(tmp_path), bf16=False, eval_problems=2)
+    job, training = parse_job_args(["--config", str(_write_config(tmp_path, {**fields, "dataset_limit": 2}))])
+    everything = TASKS["gsm8k"].load(source="sample")
+    train, held_out = held_out_split(job, training, load_dataset_for(job, seed=0))
+    assert train["prompt"] == everything["prompt"][:2] and held_out["prompt"] == everything["prompt"][-2:]
+
+
+def test_retool_and_gsm8k_hold_out_hub_sets_of_their_own_and_verifyif_sets_rows_aside():
+    """ReTool trains on DAPO-Math-17k and is evaluated on AIME 2024 (what ReTool reports), GSM8K on its test split;
+    VerifyIf's Hub set (IFEval) has one split, so its held-out problems are rows set aside from training."""
+    retool, gsm8k, verifyif = TASKS["retool"], TASKS["gsm8k"], TASKS["verifyif"]
+    assert retool.has_held_out_hub and (retool.eval_hub.path, retool.eval_split) == ("HuggingFaceH4/aime_2024", "train")
+    assert (
+        gsm8k.has_held_out_hub
+        and gsm8k.eval_hub is None
+        and (gsm8k.hub.path, gsm8k.eval_split)
+        == (
+            "openai/gsm8k",
+            "test",
+        )
+    )
+    assert not verifyif.has_held_out_hub
+    aime = {"id": 60, "problem": "Find $x$ if $x + 1 = 205$.", "solution": "...", "answer": "204", "year": 2024}
+    row = retool.eval_hub.convert(aime)
+    assert row["answer"] == "204" and "Find $x$ if $x + 1 = 205$." in row["prompt"][-1]["content"]
+    reward = retool.reward(completions=[[{"role": "assistant", "content": "\\boxed{204}"}]], answer=[row["answer"]])
+    assert reward == [1.0]

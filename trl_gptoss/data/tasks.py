@@ -28,8 +28,10 @@ class Task:
 
     Evaluation: ``answer(text)`` reads a completion's final answer for majority voting (a tuple of answers, or
     None; tasks without one, like VerifyIf, have no maj@k), ``same_answer`` compares two of them. Held-out
-    problems come from another seed (generated tasks), the Hub split ``eval_split`` when the rows come from the
-    Hub and the task has one, else from rows set aside from the training rows (``trl_gptoss.scripts``'s job).
+    problems come from another seed (generated tasks); when the rows come from the Hub, from the task's held-out
+    Hub set if it has one (``eval_hub``, e.g. AIME 2024 for ReTool, split ``eval_split``; or ``eval_split`` of
+    ``hub`` itself, e.g. GSM8K's test split); else from rows set aside from the training rows
+    (``trl_gptoss.scripts``'s job).
     """
 
     name: str
@@ -40,6 +42,7 @@ class Task:
     generate: Callable[[int, int], Dataset] | None = None
     answer: Callable[[str], tuple | None] | None = None
     eval_split: str | None = None
+    eval_hub: HubDataset | None = None
 
     def __post_init__(self):
         if (self.format_row is None) == (self.generate is None):
@@ -86,6 +89,21 @@ class Task:
             path=path,
         )
 
+    @property
+    def has_held_out_hub(self) -> bool:
+        """Whether the task names a Hub set (or split) of held-out problems, apart from what it trains on."""
+        return self.eval_split is not None and (self.eval_hub or self.hub) is not None
+
+    def load_held_out(self, *, limit: int | None = None, hub_id: str | None = None) -> Dataset:
+        """The first ``limit`` held-out problems from the Hub: ``eval_hub`` (split ``eval_split``), else split
+        ``eval_split`` of ``hub`` (or of ``hub_id``, a training set in ``hub``'s row format)."""
+        if not self.has_held_out_hub:
+            raise ValueError(f"task {self.name!r} names no held-out Hub set")
+        hub, hub_id = (self.eval_hub, None) if self.eval_hub is not None else (self.hub, hub_id)
+        return read_rows(
+            self.name, self.format_row, hub, source="hub", split=self.eval_split, limit=limit, hub_id=hub_id
+        )
+
 
 def _boxed(text: str) -> tuple | None:
     """ReTool's final answers: every outermost ``\\boxed{}``."""
@@ -109,6 +127,11 @@ def _question_answer(make: Callable[[str, str], dict]) -> Callable[[dict], dict]
     return format_row
 
 
+def _aime_row(row: dict) -> dict:
+    """An AIME row (``problem``, integer ``answer``: HuggingFaceH4/aime_2024) as a ReTool row."""
+    return formats.retool_row(formats.field(row, "problem"), formats.field(row, "answer"))
+
+
 def _verifyif_row(row: dict) -> dict:
     return formats.verifyif_row(formats.field(row, "instruction"), formats.field(row, "constraints"))
 
@@ -126,6 +149,9 @@ TASKS: dict[str, Task] = {
             format_row=_question_answer(formats.retool_row),
             hub=HubDataset("BytedTsinghua-SIA/DAPO-Math-17k", None, formats.dapo_math_row),
             answer=_boxed,
+            # held out: the 30 AIME 2024 problems (ReTool reports AIME accuracy), its only split
+            eval_hub=HubDataset("HuggingFaceH4/aime_2024", None, _aime_row),
+            eval_split="train",
         ),
         Task(
             "gsm8k",

@@ -143,7 +143,7 @@ def _model_problem(model: Path) -> str:
 
 
 def _split(args, task) -> str:
-    """The Hub split: ``--dataset-split``, else the task's evaluation split, else train."""
+    """The Hub split: ``--dataset-split``, else the task's evaluation split (of its held-out set), else train."""
     return args.dataset_split or task.eval_split or "train"
 
 
@@ -181,6 +181,8 @@ def load_problems(args) -> list[dict]:
         # The job's held-out problems of a run with seed S are drawn from S + EVAL_SEED_OFFSET: the same here.
         count = args.max_problems or GENERATED_PROBLEMS
         dataset = task.load(num_prompts=count, seed=args.seed + EVAL_SEED_OFFSET)
+    elif _source(args, task) == "hub" and args.dataset_split is None and task.has_held_out_hub:
+        dataset = task.load_held_out(limit=args.max_problems)  # ReTool: AIME 2024; GSM8K: its test split
     else:
         source, split = _source(args, task), _split(args, task)
         dataset = task.load(source=source, path=args.dataset_path, split=split, limit=args.max_problems)
@@ -296,6 +298,13 @@ def evaluate(args, rows: list[dict], engine, tokenizer, on_problem=None) -> dict
     }
 
 
+def _hub_dataset(args, task) -> str:
+    """The Hub dataset the problems came from: the task's held-out set unless a split of its training set was
+    asked for."""
+    held_out = args.dataset_split is None and task.has_held_out_hub
+    return (task.eval_hub or task.hub).path if held_out else task.hub.path
+
+
 def _settings(args, served: dict, tools, config) -> dict:
     import importlib.metadata
 
@@ -308,6 +317,7 @@ def _settings(args, served: dict, tools, config) -> dict:
         "dataset_source": source,
         "dataset_path": None if args.dataset_path is None else str(Path(args.dataset_path).resolve()),
         "dataset_split": _split(args, task) if source == "hub" else None,
+        "hub_dataset": _hub_dataset(args, task) if source == "hub" else None,
         "max_problems": args.max_problems,
         "k": args.k,
         "temperature": config.temperature,
@@ -516,7 +526,11 @@ def register(sub) -> None:
         help="where the problems come from (default: the task's shipped samples, or drawn for a generated task)",
     )
     cmd.add_argument("--dataset-path", help="the JSON-lines file of --dataset-source jsonl (the samples' format)")
-    cmd.add_argument("--dataset-split", help="Hub split (default: the task's evaluation split, else train)")
+    cmd.add_argument(
+        "--dataset-split",
+        help="Hub split of the training set (default: the task's held-out Hub set -- ReTool: AIME 2024, GSM8K: "
+        "its test split -- else train)",
+    )
     cmd.add_argument("--k", type=int, default=8, help="samples per problem (default 8)")
     cmd.add_argument("--temperature", type=_finite_float, default=0.6, help="sampling temperature (default 0.6)")
     cmd.add_argument(

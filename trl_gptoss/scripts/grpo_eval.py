@@ -1,9 +1,11 @@
 """The GRPO job's held-out evaluation set: ``eval_problems`` problems of the task, never trained on.
 
 Where they come from is the task table's answer: a generated task draws them from a seed of their own (and drops
-any that equal a training prompt); a Hub task with an ``eval_split`` reads that split; any other task sets the
-last ``eval_problems`` of its rows aside from training. Every row carries ``task`` (its grader). The trainer
-evaluates them at TRL's ``eval_strategy`` / ``eval_steps`` / ``eval_on_start`` (``GptOssGRPOTrainer.evaluate``).
+any that equal a training prompt); a task read from the Hub with a held-out Hub set reads it (ReTool: AIME 2024;
+GSM8K: its test split); any other task sets the last ``eval_problems`` of its rows aside from training (with
+``dataset_limit``, training keeps the first rows of the others). Every row carries ``task`` (its grader). The
+trainer evaluates them at TRL's ``eval_strategy`` / ``eval_steps`` / ``eval_on_start``
+(``GptOssGRPOTrainer.evaluate``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ EVAL_SEED_OFFSET = 1_000_003
 
 
 def held_out_split(job, training, dataset):
-    """``(train_dataset, eval_dataset)``; ``eval_dataset`` is None when ``eval_problems`` is 0."""
+    """``(train_dataset, eval_dataset)``; ``eval_dataset`` is None when ``eval_problems`` is 0. ``dataset``: the
+    training rows as loaded (``dataset_limit`` applied)."""
     if not job.eval_problems:
         return dataset, None
     task = TASKS[job.task]
@@ -24,17 +27,27 @@ def held_out_split(job, training, dataset):
         drawn = task.load(num_prompts=job.eval_problems, seed=training.seed + EVAL_SEED_OFFSET)
         seen = {_key(p) for p in dataset["prompt"]}
         held_out = drawn.filter(lambda row: _key(row["prompt"]) not in seen)
-    elif job.dataset_source == "hub" and task.eval_split is not None:
-        held_out = task.load(source="hub", split=task.eval_split, limit=job.eval_problems, hub_id=job.dataset_name)
+    elif job.dataset_source == "hub" and task.has_held_out_hub:
+        held_out = task.load_held_out(limit=job.eval_problems, hub_id=job.dataset_name)
     else:
-        if job.eval_problems >= len(dataset):
-            raise SystemExit(
-                f"error: eval_problems={job.eval_problems} sets aside every one of the {len(dataset)} rows of "
-                f"task={job.task!r}; lower it (the rest is trained on)"
-            )
-        cut = len(dataset) - job.eval_problems
-        held_out, dataset = dataset.select(range(cut, len(dataset))), dataset.select(range(cut))
+        dataset, held_out = _set_aside(job, task, dataset)
     return dataset, held_out.add_column("task", [job.task] * len(held_out))
+
+
+def _set_aside(job, task, dataset):
+    """The last ``eval_problems`` rows of the task's rows held out; training keeps the others (the first
+    ``dataset_limit`` of them when set)."""
+    rows = dataset
+    if job.dataset_limit is not None:  # the rows beyond the limit too: the held-out ones come from the end
+        rows = task.load(source=job.dataset_source, hub_id=job.dataset_name)
+    if job.eval_problems >= len(rows):
+        raise SystemExit(
+            f"error: eval_problems={job.eval_problems} sets aside every one of the {len(rows)} rows of "
+            f"task={job.task!r}; lower it (the rest is trained on)"
+        )
+    cut = len(rows) - job.eval_problems
+    keep = cut if job.dataset_limit is None else min(cut, job.dataset_limit)
+    return rows.select(range(keep)), rows.select(range(cut, len(rows)))
 
 
 def _key(prompt) -> str:
