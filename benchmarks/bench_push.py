@@ -165,15 +165,16 @@ def timed_pushes(engine, model, repeats: int, expected: torch.Tensor | None):
     push_model(make, model)
     error = float((scores_server(engine) - expected).abs().max()) if lead else 0.0
     assert error <= 1e-4, f"push is not exact: max |server - trainer| = {error}"
-    seconds, stats = [], PushStats()
+    seconds, stats, splits = [], PushStats(), []
     for _ in range(repeats):
         if dist.is_initialized():
             dist.barrier()
         started = time.perf_counter()
         push_model(make, model, stats=stats)
         seconds.append(time.perf_counter() - started)
+        splits.append(engine.pusher().last_push["server_seconds"] if lead else {})
     bucket = getattr(engine.pusher(), "bucket_bytes", 0) if lead else 0  # the process-group pusher's one bucket
-    return seconds, stats, error, bucket
+    return seconds, stats, error, bucket, splits
 
 
 def fsdp2_rank(rank: int, world: int, url: str, shape: list[int], repeats: int) -> dict:
@@ -189,21 +190,62 @@ def fsdp2_rank(rank: int, world: int, url: str, shape: list[int], repeats: int) 
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     engine = VLLMServerEngine(url, timeout=600) if rank == 0 else None
-    seconds, stats, error, bucket = timed_pushes(engine, model, repeats, expected)
+    measured = timed_pushes(engine, model, repeats, expected)
     if engine is not None:
         engine.close()
-    return {**_row(seconds, stats, error, bucket), "gather_only_s": gather_only_seconds(model, repeats)}
+    return {**_row(*measured), "gather_only_s": gather_only_seconds(model, repeats)}
 
 
-def _row(seconds, stats, error: float, bucket: int) -> dict:
+def _row(seconds, stats, error: float, bucket: int, splits: list[dict]) -> dict:
+    """``server_split_s``: the server's own seconds of the best push (read or receive, reload, direct writes and
+    repack, closing the reload session): the apply part is the same work whichever transport carried the bytes."""
+    best = seconds.index(min(seconds))
     return {
         "push_s": seconds,
+        "server_split_s": splits[best],
         "push_stats_peak_bytes": stats.peak_bytes,
         "bucket_bytes": bucket,
         "peak_bytes": stats.peak_bytes + bucket,
         "max_layer_bytes": stats.max_layer_bytes,
         "error": error,
     }
+
+
+def _link_receiver(port: int, size: int, repeats: int) -> None:
+    from trl_gptoss.rollout.vllm_worker.gptoss_vllm_transfer import WeightGroup
+
+    group = WeightGroup(
+        backend="gloo", host="127.0.0.1", port=port, token="link", rank=1, world_size=2, timeout_s=120,
+        device=torch.device("cpu"),
+    )  # fmt: skip
+    buffer = torch.empty(size, dtype=torch.uint8)
+    for _ in range(repeats):
+        group.wait(group.broadcast(buffer))
+    group.close()
+
+
+def link_s_per_gb(size: int = 256 << 20, repeats: int = 4) -> float:
+    """The gloo link alone (``WeightGroup`` broadcast between two local processes, no server work): best s/GB."""
+    import multiprocessing
+
+    from trl_gptoss.rollout.vllm_worker.gptoss_vllm_transfer import WeightGroup, bind_listener
+
+    listener = bind_listener("127.0.0.1")
+    port = listener.getsockname()[1]
+    receiver = multiprocessing.get_context("spawn").Process(target=_link_receiver, args=(port, size, repeats))
+    receiver.start()
+    group = WeightGroup(
+        backend="gloo", host="127.0.0.1", port=port, token="link", rank=0, world_size=2, timeout_s=120,
+        device=torch.device("cpu"), listen=listener,
+    )  # fmt: skip
+    buffer, seconds = torch.ones(size, dtype=torch.uint8), []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        group.wait(group.broadcast(buffer))
+        seconds.append(time.perf_counter() - started)
+    receiver.join(120)
+    group.close()
+    return min(seconds) / (size / 1e9)
 
 
 def main_transports(args) -> None:
@@ -254,12 +296,15 @@ def main_transports(args) -> None:
         for measure, key in (("whole push", "s_per_gb"), ("transport", "transport_s_per_gb"))
     }
     print("process group vs file push, per GB (best of each):", {k: f"{v:.2f}x" for k, v in speedups.items()})
+    link = link_s_per_gb()
+    print(f"the gloo link alone (two local processes, 256 MiB broadcasts, best of 4): {link:.2f} s/GB")
     result = {
         **_setup(args, size_gb),
         "server_startup_s": startup,
         "layer_bytes_from_config": arithmetic,
         "layouts": rows,
         "process_group_speedup_per_gb": speedups,
+        "gloo_link_s_per_gb": link,
     }
     out = Path(__file__).parent / "results" / "push_cpu.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
