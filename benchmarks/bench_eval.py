@@ -10,7 +10,10 @@ and seeds:
 
 - ``async``: the command's sampler (``trl_gptoss.scripts.eval.rollout_sampler``): ``run_rollouts``'s loop, one
   task per conversation, all ``problems x k`` in flight; a conversation that ends frees the engine for the others,
-  one back from its tool call goes on at once.
+  one back from its tool call goes on at once, or with the others back meanwhile while every tool worker is busy
+  (``RequestGate``).
+- ``async-window``: the same with the gate's window rule alone (``bench_rollouts.WindowOnlyGate``): a group of
+  ready requests goes ``engine_batch_window_s`` after its first request even while every tool worker is busy.
 - ``lockstep``: the same loop, tools and grading behind a barrier (``LockstepEngine``): one generation round for
   all unfinished conversations at a time -- every request of a round is held until each unfinished conversation
   has sent one, sent together, and none is answered before the round's slowest is done (the shape of a batch
@@ -21,8 +24,8 @@ drew the same samples (same final answers, per problem and sample; seeds are per
 wall seconds (median of ``--repeats``, variants interleaved), samples per second, speed-up over lockstep, sampled
 tokens per second, the share of wall time the engine had no request in flight, vLLM's engine steps and the CPU
 seconds its processes used, generation rounds of the lockstep variant, mean@k and tool calls per sample; with the
-machine's load average (the shared 2-core CI host is noisy). The server runs with the eval command's CPU flags
-(``CPU_SERVER_ARGS``: whole-prompt prefill).
+machine's load average (the shared 2-core CI host is noisy). The server prefills whole prompts, as every CPU
+``VLLMServer`` does.
 
     .venv/bin/python benchmarks/bench_eval.py [--repeats 3] [--problems 6] [--k 8] [--temperature 0.6]
         [--max-completion-tokens 384] [--out FILE.json]
@@ -44,20 +47,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_rollouts import MeteredEngine  # noqa: E402
+import rollout_timeline  # noqa: E402
+from bench_rollouts import MeteredEngine, gate_variant  # noqa: E402
 from rollout_timeline import engine_counters  # noqa: E402
 
 from trl_gptoss.data.tasks import TASKS  # noqa: E402
 from trl_gptoss.evaluation import evaluate_rows, summarize, task_grader  # noqa: E402
-from trl_gptoss.rollout.config import RolloutConfig  # noqa: E402
+from trl_gptoss.rollout.config import RolloutConfig, derive_seed  # noqa: E402
 from trl_gptoss.rollout.event_loop import run_to_completion  # noqa: E402
 from trl_gptoss.rollout.loop import arun_rollouts  # noqa: E402
-from trl_gptoss.scripts.eval import CPU_SERVER_ARGS, on_conversation_end, rollout_sampler  # noqa: E402
+from trl_gptoss.scripts.eval import on_conversation_end, rollout_sampler  # noqa: E402
 
 TASK = "retool"
 MAX_MODEL_LEN = 1024
 POOL = 4
-VARIANTS = ("async", "lockstep")
+VARIANTS = ("async", "async-window", "lockstep")
+TRACKED_TURNS = 16  # turns per conversation the timeline can name (the taught model takes 1 or 2)
 
 
 class LockstepEngine:
@@ -143,7 +148,7 @@ def run_variant(name, engine, rows, tokenizer, tools, args, counters):
         max_concurrent_tools=POOL,
     )
     rounds = []
-    if name == "async":
+    if name.startswith("async"):
         sample = rollout_sampler(engine, tokenizer, tools, config)
     else:
         sample = lockstep_sampler(engine, tokenizer, tools, config, rounds)
@@ -152,10 +157,12 @@ def run_variant(name, engine, rows, tokenizer, tools, args, counters):
     before = counters()
     engine.reset()
     start = time.perf_counter()
-    results = evaluate_rows(sample, rows, graders, k, TASK)
+    with gate_variant(name):
+        results = evaluate_rows(sample, rows, graders, k, TASK)
     wall = time.perf_counter() - start
     after = counters()
     metrics = summarize(results, graders, seconds=wall)
+    delta = {key: after[key] - before[key] for key in after}
     numbers = {
         "wall_s": wall,
         "samples_per_s": metrics["samples"] / wall,
@@ -170,6 +177,8 @@ def run_variant(name, engine, rows, tokenizer, tools, args, counters):
         "truncated": metrics["truncated"],
         "load_1m_at_start": load,
     }
+    if engine.timeline is not None:
+        numbers["timeline"] = rollout_timeline.summary(engine.timeline, wall, delta)
     return results, numbers
 
 
@@ -193,6 +202,12 @@ def main(argv=None) -> int:
     parser.add_argument("--max-completion-tokens", type=int, default=384, help="token budget per conversation")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/eval_cpu.json"))
     parser.add_argument("--cache", default=None, help="checkpoint directory (default: the trl-gptoss cache)")
+    parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="print each variant's timeline of the last repeat: engine requests, the waves in which requests were "
+        "sent (by turn, with their sizes) and where the time went (rollout_timeline.py)",
+    )
     args = parser.parse_args(argv)
 
     from trl_gptoss.harmony.tokenizer import cache_dir
@@ -207,9 +222,14 @@ def main(argv=None) -> int:
     rows = [{**dict(row), "problem": index} for index, row in enumerate(dataset)]
     tools = build_tools(list(TASKS[TASK].tools))
     runs = {v: [] for v in VARIANTS}
-    server = VLLMServer(checkpoint, max_model_len=MAX_MODEL_LEN, max_num_seqs=64, extra_args=list(CPU_SERVER_ARGS))
+    server = VLLMServer(checkpoint, max_model_len=MAX_MODEL_LEN, max_num_seqs=64)
+    seeds = {derive_seed(0, i, t): (i, t) for i in range(len(rows) * args.k) for t in range(TRACKED_TURNS)}
+    timeline = rollout_timeline.Timeline(seeds) if args.timeline else None
     with server:
-        engine = MeteredEngine(VLLMServerEngine(server.base_url))
+        http = VLLMServerEngine(server.base_url)
+        if timeline is not None:
+            rollout_timeline.instrument_http(http, timeline)
+        engine = MeteredEngine(http, timeline)
         counters = functools.partial(engine_counters, server.base_url, server.process.pid)
         try:
             reference = None
@@ -222,9 +242,20 @@ def main(argv=None) -> int:
                 for variant in VARIANTS:
                     runs[variant].append(run_variant(variant, engine, rows, tokenizer, tools, args, counters)[1])
                     print(f"repeat {repeat} {variant}: {runs[variant][-1]['wall_s']:.2f} s", flush=True)
+                    if timeline is not None and repeat == args.repeats - 1:
+                        show_timeline(variant, timeline, runs[variant][-1])
         finally:
             engine.engine.close()
     return report(runs, args, len(rows))
+
+
+def show_timeline(variant: str, timeline, numbers: dict) -> None:
+    """The run's timeline, the waves its requests were sent in, and where its time went."""
+    print(f"--- {variant} (last repeat), {numbers['wall_s']:.2f} s, {numbers['engine_steps']:.0f} engine steps")
+    print(rollout_timeline.text_timeline(timeline))
+    print(rollout_timeline.text_waves(numbers["timeline"]["events"]["gen"]))
+    shown = {k: v for k, v in numbers["timeline"].items() if k != "events"}
+    print(json.dumps(shown, indent=1), flush=True)
 
 
 def report(runs, args, problems: int) -> int:
@@ -238,13 +269,13 @@ def report(runs, args, problems: int) -> int:
         f"tokens; 1-minute load average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores"
     )
     print(
-        f"{'variant':<10}{'wall s':>9}{'samples/s':>11}{'vs lockstep':>13}{'tokens/s':>10}{'engine idle':>13}"
+        f"{'variant':<14}{'wall s':>9}{'samples/s':>11}{'vs lockstep':>13}{'tokens/s':>10}{'engine idle':>13}"
         f"{'steps':>7}{'rounds':>8}{f'mean@{k}':>9}{'tool calls':>12}"
     )
     for variant, m in median.items():
         rounds = m.get("lockstep_rounds")
         print(
-            f"{variant:<10}{m['wall_s']:>9.2f}{m['samples_per_s']:>11.2f}{base / m['wall_s']:>12.2f}x"
+            f"{variant:<14}{m['wall_s']:>9.2f}{m['samples_per_s']:>11.2f}{base / m['wall_s']:>12.2f}x"
             f"{m['tokens_per_s']:>10.1f}{m['engine_idle_share']:>12.0%}{m['engine_steps']:>7.0f}"
             f"{'' if rounds is None else f'{rounds:.0f}':>8}"
             f"{m[f'mean@{k}']:>9.3f}{m['tool_calls']:>12.2f}"
@@ -265,7 +296,13 @@ def report(runs, args, problems: int) -> int:
         "cpu_count": os.cpu_count(),
         "median": median,
         "speedup_vs_lockstep": {v: base / m["wall_s"] for v, m in median.items()},
-        "runs": runs,
+        "runs": {  # the raw timeline events stay out of the file (--timeline prints them)
+            v: [
+                {**r, "timeline": {k: x for k, x in r["timeline"].items() if k != "events"}} if "timeline" in r else r
+                for r in rs
+            ]
+            for v, rs in runs.items()
+        },
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -7,6 +7,9 @@ sandbox run. Variants, all on the same server and the same prompts:
 - ``async``: ``run_rollouts`` — each conversation is its own task; tool calls run on a worker pool
   (``max_concurrent_tools``) while the others keep generating; requests that become ready within
   ``engine_batch_window_s`` (default) of each other are sent together.
+- ``async-window`` (``--variants``): ``run_rollouts`` with the request gate's window rule alone: a group goes
+  ``engine_batch_window_s`` after its first request even while every tool worker is busy (the gate before it
+  held groups through busy tool workers; the benchmark swaps in ``WindowOnlyGate``).
 - ``async-ungrouped`` (``--variants``): the same with ``engine_batch_window_s=0``, every request sent as soon
   as it is ready.
 - ``async-thread-http`` (``--variants``): ``run_rollouts`` with each request handed to a worker thread that
@@ -35,7 +38,7 @@ sandboxes there too (see docs/rollouts.md for what that costs).
 
     .venv/bin/python benchmarks/bench_rollouts.py [--repeats 3] [--workload uniform|varied|long] [--pin]
         [--sandbox default|bwrap-per-call]
-        [--variants async,async-ungrouped,async-thread-http,lockstep,lockstep+parallel-tools] [--timeline]
+        [--variants async,async-window,async-ungrouped,async-thread-http,lockstep,lockstep+parallel-tools] [--timeline]
         [--out FILE.json]
 """
 
@@ -62,6 +65,7 @@ from trl_gptoss.harmony.tokens import CALL, RETURN, START  # noqa: E402
 from trl_gptoss.rollout import GenerationRequest, RolloutConfig, run_rollouts  # noqa: E402
 from trl_gptoss.rollout import loop as rollout_loop  # noqa: E402
 from trl_gptoss.rollout.config import derive_seed  # noqa: E402
+from trl_gptoss.rollout.request_gate import RequestGate  # noqa: E402
 from trl_gptoss.rollout.tool_calls import ToolBox  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -73,7 +77,15 @@ MAX_COMPLETION = 1536
 MAX_TURNS = 8
 TEMPERATURE = 0.05  # near-greedy: the overfit model reproduces its trajectories, every variant does equal work
 POOL = 4
-VARIANTS = ("async", "async-ungrouped", "async-thread-http", "async-fifo-tools", "lockstep", "lockstep+parallel-tools")
+VARIANTS = (
+    "async",
+    "async-window",
+    "async-ungrouped",
+    "async-thread-http",
+    "async-fifo-tools",
+    "lockstep",
+    "lockstep+parallel-tools",
+)
 
 
 def trajectories():
@@ -210,6 +222,20 @@ class MeteredEngine:
         self.engine.push_weights(model)
 
 
+class WindowOnlyGate(RequestGate):
+    """``RequestGate`` without its tool rule: a group goes ``window`` after its first request whatever the tools."""
+
+    def __init__(self, engine, conversations, window, tool_workers=None):
+        super().__init__(engine, conversations, window, tool_workers=None)
+
+
+def gate_variant(name: str):
+    """The context a variant's ``run_rollouts`` runs in: ``async-window`` swaps in ``WindowOnlyGate``."""
+    if name == "async-window":
+        return unittest.mock.patch.object(rollout_loop, "RequestGate", WindowOnlyGate)
+    return contextlib.nullcontext()
+
+
 class FifoToolBox(ToolBox):
     """``ToolBox`` that serves waiting calls in arrival order (every priority 0)."""
 
@@ -286,7 +312,7 @@ def run_variant(name, engine, prompts, tokenizer, tool, counters=None):
         if name == "async-fifo-tools":
             fifo = unittest.mock.patch.object(rollout_loop, "ToolBox", FifoToolBox)
         try:
-            with fifo:
+            with fifo, gate_variant(name):
                 rollouts = run_rollouts(engine, prompts, tokenizer=tokenizer, tools=[tool], config=config)
         finally:
             engine.engine.threads = None

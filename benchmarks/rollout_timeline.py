@@ -219,3 +219,33 @@ def text_timeline(timeline: Timeline, width: int = 100) -> str:
     lines.append(f"tools   |{''.join(row)}|  (# one sandbox run, % several)")
     lines.append(f"         0 s{'':>{width - 12}}{end:.2f} s")
     return "\n".join(lines)
+
+
+def send_waves(gens: list[dict], gap: float = 0.01) -> list[dict]:
+    """Requests grouped by when their HTTP call started: a new wave when ``gap`` seconds passed without one.
+    Per wave: its start, how many requests of each turn it held, their mean prompt length and sampled tokens,
+    and when its last answer came back."""
+    waves: list[dict] = []
+    for g in sorted((g for g in gens if "http_start" in g), key=lambda g: g["http_start"]):
+        if not waves or g["http_start"] - waves[-1]["last_sent"] > gap:
+            waves.append({"at": g["http_start"], "last_sent": g["http_start"], "turns": {}, "prompt": [], "tokens": []})
+        wave = waves[-1]
+        wave["last_sent"] = g["http_start"]
+        wave["turns"][g["turn"]] = wave["turns"].get(g["turn"], 0) + 1
+        wave["prompt"].append(g.get("prompt", 0))
+        wave["tokens"].append(g.get("tokens", 0))
+        wave["last_done"] = max(wave.get("last_done", 0.0), g.get("done", 0.0))
+    return waves
+
+
+def text_waves(gens: list[dict], gap: float = 0.01) -> str:
+    """``send_waves`` as a table, one line per wave."""
+    lines = [f"{'sent at s':>10}{'spread ms':>10}{'requests by turn':>22}{'prompt':>8}{'sampled':>9}{'all back s':>11}"]
+    for w in send_waves(gens, gap):
+        turns = " ".join(f"t{t}:{n}" for t, n in sorted(w["turns"].items()))
+        lines.append(
+            f"{w['at']:>10.3f}{1e3 * (w['last_sent'] - w['at']):>10.1f}{turns:>22}"
+            f"{sum(w['prompt']) / len(w['prompt']):>8.0f}{sum(w['tokens']) / len(w['tokens']):>9.1f}"
+            f"{w['last_done']:>11.3f}"
+        )
+    return "\n".join(lines)

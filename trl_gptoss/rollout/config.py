@@ -45,10 +45,10 @@ class RolloutConfig:
     engine_batch_window_s: float = field(
         default=0.05,
         metadata={
-            "help": "Longest a ready engine request waits for other conversations' requests, so that requests "
-            "which become ready close together are sent together and share engine steps (see "
-            "trl_gptoss.rollout.request_gate); it is sent at once when no other conversation could join. "
-            "0 = send every request as soon as it is ready."
+            "help": "How long a ready engine request waits for other conversations' requests (longer while every "
+            "tool worker is busy), so that requests which become ready close together are sent together and share "
+            "engine steps (see trl_gptoss.rollout.request_gate); it is sent at once when no other conversation "
+            "could join. 0 = send every request as soon as it is ready."
         },
     )
     tool_output_max_chars: int = field(

@@ -8,10 +8,10 @@ Each conversation is one asyncio task that repeats::
 
 so a conversation that makes one call never waits for one that makes six, and the engine keeps sampling
 while tools run; when calls queue for a worker, the conversation with the most calls so far goes first
-(``ToolBox``). Requests that become ready close together are sent together (``RequestGate``, at most
-``config.engine_batch_window_s`` of waiting), so they share engine steps. Sampled tokens are kept exactly as
-the engine returned them (never decoded and re-tokenised); only the inserted tool messages are rendered by
-``trl_gptoss.harmony.render_message``.
+(``ToolBox``). Requests that become ready close together are sent together (``RequestGate``: at most
+``config.engine_batch_window_s`` of waiting, longer only while every tool worker is busy), so they share engine
+steps. Sampled tokens are kept exactly as the engine returned them (never decoded and re-tokenised); only the
+inserted tool messages are rendered by ``trl_gptoss.harmony.render_message``.
 """
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ async def arun_rollouts(
             )
     with ThreadPoolExecutor(max_workers=config.max_concurrent_tools, thread_name_prefix="rollout-tool") as pool:
         toolbox = ToolBox(toolset, executor=pool, workers=config.max_concurrent_tools)
-        gate = RequestGate(engine, len(prompt_ids), config.engine_batch_window_s)
+        gate = RequestGate(
+            engine, len(prompt_ids), config.engine_batch_window_s, tool_workers=config.max_concurrent_tools
+        )
         conversations = [
             _Conversation(i, ids, gate, context, codec, toolbox, config) for i, ids in enumerate(prompt_ids)
         ]
@@ -209,7 +211,8 @@ class _Conversation:
     async def _answer_call(self, call) -> str | None:
         r = self.rollout
         t0 = time.perf_counter()
-        result = await self.toolbox.run(call, self.sessions, priority=r.num_tool_calls)
+        with self.engine.in_tool_call():
+            result = await self.toolbox.run(call, self.sessions, priority=r.num_tool_calls)
         r.timings["tool_s"] += time.perf_counter() - t0
         r.num_tool_calls += 1
         if not result.ok:
