@@ -128,10 +128,12 @@ def train_in_process_engine(
     return {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
 
 
-def sp_rank(rank: int, world: int, sp_size: int, output_dir: str) -> dict:
-    """One optimizer step of the in-process-engine trainer with ``sp_size``; the loss and every parameter's
-    synchronised gradient (sum and sum of squares; sinks in full)."""
+def sp_rank(rank: int, world: int, sp_size: int, output_dir: str, bf16: bool = False) -> dict:
+    """One optimizer step of the in-process-engine trainer with ``sp_size`` (fp32 weights; ``bf16``: TRL's
+    default autocast); the loss, every parameter's synchronised gradient (sum and sum of squares; sinks in full)
+    and the dtypes layer 0's attention projections computed in while gradients were on (the loss pass)."""
     set_rank_environment(rank, world)
+    import torch
     from transformers import TrainerCallback
 
     from tests.trainer.helpers import grpo_args, prompt_dataset, token_reward
@@ -152,6 +154,7 @@ def sp_rank(rank: int, world: int, sp_size: int, output_dir: str) -> dict:
     args = grpo_args(
         output_dir,
         sp_size=sp_size,
+        bf16=bf16,
         max_steps=1,
         per_device_train_batch_size=2,
         num_generations=2,
@@ -168,6 +171,14 @@ def sp_rank(rank: int, world: int, sp_size: int, output_dir: str) -> dict:
         tools=[],
         callbacks=[KeepGrads()],
     )
+    computed = set()
+    projection = trainer.accelerator.unwrap_model(trainer.model).model.layers[0].self_attn.q_proj
+    projection.register_forward_hook(
+        lambda module, args, out: (
+            computed.add(str(out.dtype).removeprefix("torch.")) if torch.is_grad_enabled() else None
+        )
+    )
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    return {"loss": losses, "grads": grads, "completions": [r.completion_ids for r in trainer.sampler.last.rollouts]}
+    completions = [r.completion_ids for r in trainer.sampler.last.rollouts]
+    return {"loss": losses, "grads": grads, "completions": completions, "loss_pass_dtypes": sorted(computed)}

@@ -30,6 +30,24 @@ def test_sp2_step_equals_sp1_step(tmp_path):
     assert any(squares > 0 for _, squares in plain[0]["grads"].values()), "all gradients are zero"
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_sp2_computes_in_the_dtype_of_sp1_under_ddp_with_bf16_autocast(tmp_path):
+    """fp32 weights + ``bf16: true`` (TRL's default config) under DDP: accelerate runs the model's forward under
+    bf16 autocast; the SP loss pass swaps that forward out for its shard's, and must keep the autocast -- the same
+    config may not train in two precisions. Layer 0's attention projection is watched during the loss pass."""
+    from tests.trainer._workers import sp_rank
+    from trl_gptoss.testing.distributed import launch
+
+    sharded = launch(sp_rank, 2, tmp_path / "sp2", 2, str(tmp_path / "out2"), True, timeout=600)
+    plain = launch(sp_rank, 2, tmp_path / "sp1", 1, str(tmp_path / "out1"), True, timeout=600)
+    for rank in range(2):
+        assert plain[rank]["loss_pass_dtypes"] == ["bfloat16"], plain[rank]["loss_pass_dtypes"]
+        assert sharded[rank]["loss_pass_dtypes"] == ["bfloat16"], sharded[rank]["loss_pass_dtypes"]
+        assert sharded[rank]["completions"] == plain[rank]["completions"], "the two runs sampled differently"
+        assert sharded[rank]["loss"] == pytest.approx(plain[rank]["loss"], rel=2e-2, abs=1e-4)
+
+
 def test_sp_refuses_what_it_cannot_compute(tokenizer, tmp_path):
     args = grpo_args(tmp_path, sp_size=1)
     args.sp_size = 3  # past __post_init__'s world check: the head check must still refuse it

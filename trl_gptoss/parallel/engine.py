@@ -75,7 +75,7 @@ class ContextParallelRunner:
         """This rank's shard ``[T/n]`` of one packed row (``labels``: next-token ids, -100 where none) ->
         ``(logp [T/n], entropy [T/n] | None)`` by ``selective_logprobs`` inside the model's forward."""
         model = model or self.model
-        with sharded_forward(self.sp), token_values_forward(_unwrap(model)):
+        with sharded_forward(self.sp), token_values_forward(_unwrap(model)), self._autocast(model):
             return model(
                 input_ids=input_ids[None],
                 position_ids=positions[None],
@@ -200,6 +200,14 @@ class ContextParallelRunner:
             raise ValueError("routes were given without route_replay, the context manager that applies them")
         local = shard(member_routes[owner], self.sp.rank, self.sp.size)
         return route_replay(model or self.model, local[None])
+
+    def _autocast(self, model):
+        """The autocast the model's prepared forward applies -- accelerate wraps it in ``autocast`` (``bf16:
+        true``) -- which ``token_values_forward`` swaps out on a model it wrapped directly (no PEFT wrapper in
+        between): the shard's forward runs in the dtype the one-process path computes in. Forward only, as there."""
+        if self.accelerator is not None and hasattr(_unwrap(model), "_original_forward"):
+            return self.accelerator.autocast()
+        return contextlib.nullcontext()
 
     def _owner_values(self, model, ids, positions, labels, head: HeadConfig):
         """The owner's ``[T, k]`` per-token values (k = 1: log-probs; 2: log-probs, entropies), gathered
