@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from trl_gptoss.data.tasks import TASKS, same_answer
 from trl_gptoss.evaluation.run import Grader
+from trl_gptoss.rewards.checked import checked_reward
 
 
 def task_grader(name: str) -> Grader:
@@ -21,8 +22,6 @@ def reward_grader(name: str, reward_funcs, weights=None) -> Grader:
     checks it (``checked_reward``: a refused value raises naming that function): for an evaluation set that names
     no task. A function that cannot score a completion (None) leaves the sample unscored. No answers to vote on:
     no maj@k."""
-    from trl_gptoss.trainer.checks import checked_reward  # here: trl_gptoss.trainer imports this package
-
     reward_funcs = [checked_reward(func) for func in reward_funcs]
     weights = list(weights) if weights is not None else [1.0] * len(reward_funcs)
 

@@ -6,7 +6,7 @@ the same code. All ``problems x k`` conversations are handed over at once: the r
 together, tool calls included.
 
 A sample is correct when its reward reaches ``CORRECT_REWARD`` (1: ReTool's +1, GSM8K's 1, VerifyIf's all
-constraints met). Rewards pass the checks training applies to them (``trl_gptoss.trainer.checks.checked_reward``:
+constraints met). Rewards pass the checks training applies to them (``trl_gptoss.rewards.checked.checked_reward``:
 one number per completion, finite, not a string; None marks a completion the function cannot score). A reward
 function that raises or returns what those checks refuse makes that sample wrong, and the error -- naming the
 function -- is reported with the problem (``reward_errors``), never dropped and never counted as right.
@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from trl_gptoss.evaluation.metrics import accuracy_metrics
+from trl_gptoss.rewards.checked import checked_reward
 
 CORRECT_REWARD = 1.0
 
@@ -80,9 +81,6 @@ def evaluate_rows(
     if k < 1:
         raise ValueError(f"k (samples per problem) must be >= 1, got {k}")
     tasks = [_task_of(row, index, graders, default_task) for index, row in enumerate(rows)]
-    # imported here: trl_gptoss.trainer imports this package (its evaluation hook)
-    from trl_gptoss.trainer.checks import checked_reward
-
     checked = {name: checked_reward(grader.reward) for name, grader in graders.items()}
 
     def grade(index: int, rollouts: Sequence) -> ProblemResult:
