@@ -113,7 +113,7 @@ def gather_rank(rank: int, world: int, skip_on: int | None) -> dict:
 
     import torch.distributed as dist
 
-    from trl_gptoss.trainer.named_collectives import all_gather_object
+    from trl_gptoss.named_collectives import all_gather_object
 
     group = dist.new_group(timeout=timedelta(seconds=10))
     try:
@@ -124,3 +124,11 @@ def gather_rank(rank: int, world: int, skip_on: int | None) -> dict:
         return {"gathered": all_gather_object(payload, name="test gather", timeout_s=3, group=group)}
     except RuntimeError as error:
         return {"error": type(error).__name__, "message": str(error)}
+
+
+def broadcast_rank(rank: int, world: int) -> dict:
+    """``broadcast_object`` from rank 1 (a dict only it holds), named, with a 30 s deadline."""
+    from trl_gptoss.named_collectives import broadcast_object
+
+    mine = {"plan": ["reload", "direct"], "from": rank} if rank == 1 else "ignored"
+    return {"got": broadcast_object(mine, src=1, name="test plan", timeout_s=30)}

@@ -17,8 +17,8 @@ import logging
 
 from trl_gptoss.evaluation import evaluate_rows, reward_grader, summarize, task_graders
 from trl_gptoss.evaluation.run import timed
+from trl_gptoss.named_collectives import all_gather_object
 from trl_gptoss.rollout.config import derive_seed
-from trl_gptoss.trainer.named_collectives import all_gather_object
 
 logger = logging.getLogger(__name__)
 

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 # the worker-side module imports only torch/safetensors at import time: the one rule for what reload drops
+from trl_gptoss.named_collectives import broadcast_object
 from trl_gptoss.rollout.vllm_worker.gptoss_vllm_worker import loads_directly
 from trl_gptoss.rollout.weights.group_push import GroupWeightPusher
 from trl_gptoss.rollout.weights.http_push import HTTPWeightPusher
@@ -34,6 +35,9 @@ from trl_gptoss.rollout.weights.server_calls import collective_rpc
 logger = logging.getLogger(__name__)
 
 TRANSPORT_ENV = "TRL_GPTOSS_WEIGHT_TRANSPORT"
+# How long the other ranks wait for the pushing rank at the push's own collectives: it may be joining servers
+# (each bounded by the pusher's timeout) or sending the last layers first.
+COLLECTIVE_TIMEOUT_S = 1800.0
 TRANSPORTS = ("process_group", "file")
 PASSES = {"all": None, "reload": lambda n: not loads_directly(n), "direct": loads_directly}
 
@@ -56,15 +60,15 @@ def _plan(make_pushers, to_rank: int) -> tuple[list, dict]:
             plan = {"error": f"{type(exc).__name__}: {exc}"}
             if not distributed:
                 raise
-            _share(plan, to_rank)
+            _share(plan, to_rank, "the push plan")
             raise
-    return pushers, (_share(plan, to_rank) if distributed else plan)
+    return pushers, (_share(plan, to_rank, "the push plan") if distributed else plan)
 
 
-def _share(obj, src: int):
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
+def _share(obj, src: int, what: str):
+    """``src``'s ``obj`` on every rank, with a deadline: a rank that never joins (it called another collective)
+    ends every rank's wait with an error naming ``what`` instead of a silent hang."""
+    return broadcast_object(obj, src=src, name=f"weight push: {what}", timeout_s=COLLECTIVE_TIMEOUT_S)
 
 
 def push_model(make_pushers: Callable[[], list], model, *, to_rank: int = 0, stats: PushStats | None = None):
@@ -94,7 +98,7 @@ def push_model(make_pushers: Callable[[], list], model, *, to_rank: int = 0, sta
 
 def _failed_anywhere(error, to_rank: int) -> bool:
     distributed = dist.is_available() and dist.is_initialized()
-    return _share(error is not None, to_rank) if distributed else error is not None
+    return _share(error is not None, to_rank, "did the pushing rank fail") if distributed else error is not None
 
 
 def _raise(pushers, error, to_rank: int):

@@ -87,10 +87,14 @@ def join_weight_groups(engine) -> None:
                 raise
             error = f"{type(exc).__name__}: {exc}"
     if distributed:
-        box = [error]
-        dist.broadcast_object_list(box, src=0)
-        if box[0] is not None:
-            raise RuntimeError(f"rank 0 could not join the rollout servers' weight groups: {box[0]}")
+        from trl_gptoss.named_collectives import broadcast_object
+        from trl_gptoss.rollout.weights.sync import COLLECTIVE_TIMEOUT_S
+
+        error = broadcast_object(
+            error, src=0, name="joining the servers' weight groups", timeout_s=COLLECTIVE_TIMEOUT_S
+        )
+        if error is not None:
+            raise RuntimeError(f"rank 0 could not join the rollout servers' weight groups: {error}")
 
 
 ENGINE_KINDS: dict[str, EngineKind] = {

@@ -36,6 +36,12 @@ def all_gather_object(obj, *, name: str, timeout_s: float, group=None) -> list:
     return [pickle.loads(t[: int(s.item())].cpu().numpy().tobytes()) for t, s in zip(gathered, sizes)]
 
 
+def broadcast_object(obj, *, src: int, name: str, timeout_s: float, group=None):
+    """``src``'s ``obj`` (picklable) on every rank of ``group``; ``name`` says what is shared. Every rank passes
+    something (ignored off ``src``)."""
+    return all_gather_object(obj if dist.get_rank() == src else None, name=name, timeout_s=timeout_s, group=group)[src]
+
+
 def _device() -> torch.device:
     """Where the backend communicates: NCCL needs the rank's CUDA device, gloo takes CPU tensors."""
     if dist.get_backend() == "nccl":
