@@ -42,18 +42,24 @@ def _digest(named) -> dict[str, str]:
     }
 
 
+def _loopback_gloo(port: int, rank: int, listener=None) -> WeightGroup:
+    """Rank ``rank`` of a two-rank gloo weight group on loopback (rank 0 serves the rendezvous on ``listener``)."""
+    return WeightGroup(
+        backend="gloo",
+        host="127.0.0.1",
+        port=port,
+        token="bench",
+        rank=rank,
+        world_size=2,
+        timeout_s=TIMEOUT_S,
+        device=torch.device("cpu"),
+        listen=listener,
+    )
+
+
 def _receive(port: int, header: dict, queue) -> None:
     try:
-        group = WeightGroup(
-            backend="gloo",
-            host="127.0.0.1",
-            port=port,
-            token="bench",
-            rank=1,
-            world_size=2,
-            timeout_s=TIMEOUT_S,
-            device=torch.device("cpu"),
-        )
+        group = _loopback_gloo(port, 1)
         queue.put(_digest(group.receive(header)))
         group.close()
     except Exception as error:  # reported by the sender
@@ -73,17 +79,7 @@ def gloo_from_device(bench: Bench) -> dict:
     queue = context.Queue()
     receiver = context.Process(target=_receive, args=(port, header, queue), daemon=True)
     receiver.start()
-    group = WeightGroup(
-        backend="gloo",
-        host="127.0.0.1",
-        port=port,
-        token="bench",
-        rank=0,
-        world_size=2,
-        timeout_s=TIMEOUT_S,
-        device=torch.device("cpu"),
-        listen=listener,
-    )
+    group = _loopback_gloo(port, 0, listener)
     buffer = torch.empty(header["bucket_bytes"], dtype=torch.uint8)
     started = time.perf_counter()
     staged = [t.to("cpu") for _, t in named]  # the gloo push stages device tensors on the host, as the pusher does
