@@ -15,7 +15,7 @@ host where the engine and the tools share CPU cores, those steps take CPU from t
 
 While every tool worker is busy, the tools are what the batch waits for: a conversation sent to the engine
 then can only finish early (which ends nothing sooner while others are still in their calls) or make another
-call that queues behind the busy workers, and its engine steps take CPU from the running tools. So the group
+call, which waits for a worker anyway, and its engine steps take CPU from the running tools. So the group
 waits until a worker would be left without a call, then goes together with everyone who came back meanwhile.
 The wait is bounded by the tool calls in flight: each one that ends either joins the group or frees a worker.
 Without tool workers named (``tool_workers=None``) only the window and the first rule apply.
