@@ -222,6 +222,22 @@ def test_the_store_keeps_only_tagged_requests_and_says_which_it_evicted():
     assert note is None and torch.equal(table, torch.from_numpy(_rows(10, 4)))
 
 
+def test_one_runs_backlog_never_pushes_out_another_runs_routes():
+    """Over the bound, the store drops the oldest request of the client (run) holding the most bytes -- not the
+    oldest overall, which would be the quieter run's."""
+    other_key = bytes(range(1, 33))
+    store = _store(block=4, max_bytes=4_000)
+    store.allow_key(other_key)
+    quiet = route_tag(other_key)
+    store.add(f"cmpl-{quiet}-0-x", np.arange(10), _ids(10), _rows(10, 7), prefix=None)  # the oldest request
+    for request in range(4):  # the busy run: each request ~1 KiB, the store holds fewer than five
+        store.add(_rid(f"busy{request}"), np.arange(10), _ids(10), _rows(10, request), prefix=None)
+    table, note = parse_routes(take_answer(store, quiet), SHAPE, _ids(10))
+    assert note is None and torch.equal(table, torch.from_numpy(_rows(10, 7))), "the quiet run's routes were dropped"
+    assert take_answer(store, _TAGS["busy0"]) == {"evicted": True}
+    assert parse_routes(take_answer(store, _TAGS["busy3"]), SHAPE, _ids(10))[1] is None
+
+
 def _generate(engine, request):
     async def go():
         return await engine.generate(request)

@@ -49,7 +49,8 @@ def tag_mac(key: bytes, nonce: str) -> str:
 class _Request:
     """One request's routes and tokens so far (positions from 0), and its chain of block keys."""
 
-    def __init__(self, layers: int, top_k: int):
+    def __init__(self, layers: int, top_k: int, owner: bytes = b""):
+        self.owner = owner  # the key of the client whose tag asked for these routes
         self.routes = np.full((64, layers, top_k), MISSING, dtype=np.int16)
         self.tokens = np.zeros(64, dtype=np.int64)
         self.length = 0  # positions known (tokens), routed or not
@@ -105,14 +106,16 @@ class RouteStore:
 
     A request asks by its id: ``request_id`` a tag (a nonce and its MAC under a key a client gave
     ``gptoss_enable_routes``, an authenticated route); other completions, which anyone may send, are not stored,
-    so they cannot push out a client's routes. When the store is over ``max_bytes`` the oldest requests are
-    dropped and their tags remembered: their ``take`` answers "evicted" rather than nothing."""
+    so they cannot push out a client's routes. When the store is over ``max_bytes`` the oldest requests of the
+    client (key: one per run's engine) holding the most bytes are dropped, so one run's backlog never pushes out
+    another's routes, and their tags remembered: their ``take`` answers "evicted" rather than nothing."""
 
     def __init__(self, layers: int, top_k: int, block: int, max_bytes: int = MAX_REQUEST_BYTES):
         self.layers, self.top_k, self.max_bytes = layers, top_k, max_bytes
         self.blocks = BlockRoutes(block)
         self._requests: collections.OrderedDict[str, _Request] = collections.OrderedDict()
         self._bytes = 0
+        self._bytes_by_owner: collections.Counter[bytes] = collections.Counter()
         self._keys: collections.deque[bytes] = collections.deque(maxlen=MAX_TAG_KEYS)
         self._evicted: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._lock = threading.Lock()  # the forward thread adds, the RPC takes
@@ -123,12 +126,13 @@ class RouteStore:
             if key not in self._keys:
                 self._keys.append(key)
 
-    def _asked(self, request_id: str) -> bool:
+    def _asked(self, request_id: str) -> bytes | None:
+        """The key under which ``request_id`` is a tag, or ``None`` (the request did not ask)."""
         match = _TAGGED.match(request_id)
         if match is None:
-            return False
+            return None
         nonce, mac = match.groups()
-        return any(hmac.compare_digest(mac, tag_mac(key, nonce)) for key in self._keys)
+        return next((key for key in self._keys if hmac.compare_digest(mac, tag_mac(key, nonce))), None)
 
     def add(self, request_id: str, positions: np.ndarray, tokens: np.ndarray, experts: np.ndarray, prefix) -> None:
         """Rows computed for ``request_id`` at ``positions`` (contiguous) with their ``tokens``; ``prefix()`` gives
@@ -137,9 +141,10 @@ class RouteStore:
         with self._lock:
             request, before = self._requests.get(request_id), 0
             if request is None:
-                if not self._asked(request_id):
+                owner = self._asked(request_id)
+                if owner is None:
                     return
-                request = self._requests[request_id] = _Request(self.layers, self.top_k)
+                request = self._requests[request_id] = _Request(self.layers, self.top_k, owner)
                 if positions[0] > 0:
                     self._take_cached_prefix(request, prefix())
             else:
@@ -150,11 +155,21 @@ class RouteStore:
             request.routes[positions] = experts
             request.tokens[positions] = tokens
             self._keep_complete_blocks(request)
-            self._bytes += request.nbytes - before
+            self._count(request, request.nbytes - before)
             while self._bytes > self.max_bytes and len(self._requests) > 1:
-                dropped_id, dropped = self._requests.popitem(last=False)
-                self._bytes -= dropped.nbytes
-                self._remember_evicted(dropped_id)
+                self._evict_one()
+
+    def _count(self, request: _Request, nbytes: int) -> None:
+        self._bytes += nbytes
+        self._bytes_by_owner[request.owner] += nbytes
+
+    def _evict_one(self) -> None:
+        """Drop the oldest request of the client holding the most bytes, and remember its id."""
+        heaviest = max(self._bytes_by_owner, key=self._bytes_by_owner.__getitem__)
+        request_id = next(rid for rid, r in self._requests.items() if r.owner == heaviest)
+        dropped = self._requests.pop(request_id)
+        self._count(dropped, -dropped.nbytes)
+        self._remember_evicted(request_id)
 
     def _remember_evicted(self, request_id: str) -> None:
         self._evicted[request_id] = None
@@ -201,7 +216,8 @@ class RouteStore:
         with self._lock:
             matches = [rid for rid in self._requests if rid.startswith(prefix)]
             taken = [self._requests.pop(rid) for rid in matches]
-            self._bytes -= sum(r.nbytes for r in taken)
+            for request in taken:
+                self._count(request, -request.nbytes)
             return taken
 
 
