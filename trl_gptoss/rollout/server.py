@@ -51,6 +51,7 @@ import threading
 import time
 from pathlib import Path
 
+from trl_gptoss.rollout.cpu_binding import CPUBinding
 from trl_gptoss.rollout.server_flags import refuse_reach_flags
 from trl_gptoss.rollout.server_secret import (
     SECRET_ENV,
@@ -290,6 +291,12 @@ def _names_kv_cache_size(args) -> bool:
     return any(str(a) == KV_CACHE_FLAG or str(a).startswith(KV_CACHE_FLAG + "=") for a in args)
 
 
+def _names_parallelism(args) -> bool:
+    """Whether ``args`` ask for several workers (tensor, pipeline or data parallel): vLLM then wants one CPU list
+    per worker, which the binding of a whole server does not give."""
+    return any("parallel-size" in str(a) or "parallel_size" in str(a) or str(a) in ("-tp", "-pp", "-dp") for a in args)
+
+
 def names_moe_backend(args) -> bool:
     """Whether ``args`` choose vLLM's MoE backend: ``--moe-backend`` or ``--moe_backend`` (vLLM takes both), with
     ``=`` or not, or a ``--kernel-config`` that sets ``moe_backend``."""
@@ -372,6 +379,7 @@ class VLLMServer:
         self.startup_seconds: float | None = None
         self.process: subprocess.Popen | None = None
         self._watchdog_pipe: int | None = None  # write end of the watchdog's stdin
+        self._binding: CPUBinding | None = None  # the CPUs a CPU server's OpenMP threads are bound to
         self.remove_on_exit = [Path(p).resolve() for p in remove_on_exit]
         self._args = self._server_args(max_model_len, max_num_seqs, dtype, gpu_memory_utilization, extra_args)
         self.kv_cache_bytes = self._kv_cache_bytes(kv_cache_gib, max_num_seqs, dtype, extra_args)
@@ -459,16 +467,22 @@ class VLLMServer:
         if self.process is not None:
             raise RuntimeError(f"vLLM server at {self.base_url} is already running")
         started = time.monotonic()
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                self.command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=self._env,
-                start_new_session=True,  # own process group: stop() kills workers
-                preexec_fn=_die_with_parent(),
-            )
+        self._binding = CPUBinding() if self.device == "cpu" and not _names_parallelism(self._args) else None
+        try:
+            with open(self.log_path, "wb") as log:
+                self.process = subprocess.Popen(
+                    self.command,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env={**self._env, **(self._binding.env if self._binding is not None else {})},
+                    start_new_session=True,  # own process group: stop() kills workers
+                    preexec_fn=_die_with_parent(),
+                )
+        except BaseException:
+            if self._binding is not None:
+                self._binding.release()
+            raise
         self._watchdog_pipe = self._start_watchdog()
         try:
             self._wait_healthy()
@@ -561,6 +575,8 @@ class VLLMServer:
             raise RuntimeError(f"vLLM processes {survivors} survived SIGKILL of process group {pgid}")
         for path in self.remove_on_exit:
             _remove_path(path)
+        if self._binding is not None:
+            self._binding.release()
         if crashed:
             logger.warning("the vLLM server had exited on its own; its log is kept at %s", self.log_path)
         else:
