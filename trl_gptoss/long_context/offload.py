@@ -15,7 +15,9 @@ code path runs with synchronous copies. A layer input whose storage it does not 
 buffer) stays on the device (``kept_on_device`` counts them).
 
 One backward per forward: after the backward the inputs' storages are released, so ``retain_graph=True`` with
-a second backward is not supported (the trainer's loss pass runs one).
+a second backward is not supported (the trainer's loss pass runs one). Nor is ``output_hidden_states=True`` in
+a forward with grad: the recorded layer outputs are the next layers' inputs, whose storage leaves the device
+until their layer's backward (the trainer's loss pass reads only the last hidden state).
 """
 
 from __future__ import annotations
