@@ -265,8 +265,12 @@ def per_token_terms(peak: float, offload: bool, layers: int) -> dict:
         "incoming_gradient": 2 * HIDDEN,
         # offload: the next layer's input, prefetched; else every other layer's checkpoint
         "other_checkpoints": 2 * HIDDEN * (1 if offload else layers - 1),
-        # LoRA on q/k/v saves the normed input for lora_A's gradient (frozen projections save nothing)
-        "lora_attention_input": 2 * HIDDEN,
+        # LoRA (rank 32, fp32 adapters on the bf16 base, under bf16 autocast) keeps, per adapter, its own bf16
+        # copy of the input (PEFT casts it to the adapter's fp32, autocast back to bf16 for lora_A): q, k, v the
+        # normed input (3 x 2H), o_proj attention's output (2 x 4096), and each lora_A output [T, r] in fp32.
+        # Not in the frozen-base peak. At tiny width saved_tensors_hooks counted 6.5 x 2H where this gives 5.5 x 2H
+        # (docs/scaling.md): one [T, H]-sized copy unaccounted for, so this may be ~5.8 KB low.
+        "lora_adapter_inputs": 3 * 2 * HIDDEN + 2 * 4096 + 4 * 32 * 4,
     }
 
 
