@@ -123,4 +123,18 @@ def assert_no_call_process_left(before: set[int], grace: float = 2.0) -> None:
     ):
         time.sleep(0.05)
     assert processes_of_uids(sandbox_uid_range()) == [], "a sandboxed process outlived its call"
-    assert descendants(os.getpid(), ignore=before) == [], "a child of the test process outlived the call"
+    left = descendants(os.getpid(), ignore=before)
+    assert left == [], f"a child of the test process outlived the call: {[_describe(pid) for pid in left]}"
+
+
+def _describe(pid: int) -> str:
+    """``pid``, its parent, uid, state and command line, as /proc shows them (for a failure message)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read().replace(b"\0", b" ").decode(errors="replace")[:160]
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return f"{pid} (gone)"
+    fields = {k: status.get(k, "").split()[0] if status.get(k, "").split() else "" for k in ("PPid", "Uid", "State")}
+    return f"{pid} ppid={fields['PPid']} uid={fields['Uid']} state={fields['State']} {command!r}"
