@@ -64,7 +64,8 @@ def _until(condition, timeout):
 def test_sigkill_of_the_parent_kills_the_server_group_and_removes_its_files(tmp_path):
     parent, pgid, log, model_copy = _start(tmp_path, "kill")
     try:
-        assert len(live_group_members(pgid)) >= 2 and _until(lambda: _watchdogs(pgid), 10)
+        assert _until(lambda: len(live_group_members(pgid)) >= 2, 10)  # sh forks its background child first
+        assert _until(lambda: _watchdogs(pgid), 10)
         assert parent.pid not in {p.ppid() for p in _watchdogs(pgid)}, "the watchdog must be detached"
         parent.send_signal(signal.SIGKILL)
         parent.wait()
