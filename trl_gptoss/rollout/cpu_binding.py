@@ -20,18 +20,10 @@ import os
 import tempfile
 from pathlib import Path
 
+from trl_gptoss.rollout.processes import pid_alive
+
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 HOLDINGS_DIR = Path(tempfile.gettempdir()) / f"trl-gptoss-cpu-binds-{os.getuid()}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _holdings(directory: Path) -> list[list[int]]:
@@ -43,7 +35,7 @@ def _holdings(directory: Path) -> list[list[int]]:
             pid, cpus = int(entry["pid"]), [int(c) for c in entry["cpus"]]
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if _alive(pid):
+        if pid_alive(pid):
             held.append(cpus)
         else:
             with contextlib.suppress(OSError):

@@ -36,7 +36,6 @@ caller's ``remove_on_exit`` paths.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib.util
 import json
 import logging
@@ -47,11 +46,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from trl_gptoss.rollout.cpu_binding import CPUBinding
+from trl_gptoss.rollout.processes import _die_with_parent, live_group_members
 from trl_gptoss.rollout.server_flags import refuse_reach_flags
 from trl_gptoss.rollout.server_secret import (
     SECRET_ENV,
@@ -76,7 +75,6 @@ AUTH_MIDDLEWARE = "gptoss_vllm_auth.SecretMiddleware"
 HEALTH_MAX_BODY = 64 * 1024  # bytes a /health answer may have
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 WATCHDOG = Path(__file__).resolve().with_name("server_watchdog.py")
-_PR_SET_PDEATHSIG = 1
 KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"  # vLLM's legacy CPU setting (GiB); it overrides --kv-cache-memory-bytes
 KV_CACHE_FLAG = "--kv-cache-memory-bytes"
 KV_CACHE_HEADROOM = 1.25  # block rounding (every sequence rounds up to whole blocks) and vLLM's own accounting
@@ -227,40 +225,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def live_group_members(pgid: int) -> list[int]:
-    """Pids in process group ``pgid`` that are still running (zombies waiting to be reaped do not count)."""
-    members = []
-    for stat_file in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat_file.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                members.append(int(stat_file.parent.name))
-    return members
-
-
-def _die_with_parent():
-    """A ``preexec_fn`` giving the child SIGKILL when its parent dies, or ``None`` off the main thread.
-
-    ``PR_SET_PDEATHSIG`` fires when the *thread* that forked exits; the main thread lives as long as the
-    process, any other may not, so only there is it the process's death. The child calls a function pointer
-    resolved here, before the fork (no dlopen, no lock taken between fork and exec).
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died between fork and prctl
-            os._exit(1)
-
-    return preexec
 
 
 def kv_bytes_per_token(config: dict, dtype: str = "float32") -> int:

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from trl_gptoss.rollout.processes import pid_alive
+
 # The files a saved model (or adapter) consists of, with the tokenizer's and the training arguments; an earlier
 # save's files of these names are removed when a new model is moved in. What says "this is a model" goes first
 # on the way out and last on the way in: with it absent, nothing half-installed loads.
@@ -126,18 +128,8 @@ def _remove_dead_stagings(target: Path) -> None:
     prefix = f".{target.name}.saving-"
     for path in target.parent.glob(prefix + "*"):
         pid = path.name[len(prefix) :].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)) and path.is_dir() and not path.is_symlink():
+        if pid.isdigit() and not pid_alive(int(pid)) and path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _is_peft(model) -> bool:
